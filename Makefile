@@ -1,0 +1,39 @@
+# One-command set-up: both targets create .venv if missing and install into it.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: test demo install lint typecheck pytest bench clean
+
+install: $(STAMP)
+
+$(PY):
+	python3 -m venv $(VENV)
+
+# torch first, pinned to the CPU build on disk: a bare "torch" would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[test]'
+	@touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	$(VENV)/bin/pytest protocol swarm node tests
+
+test: lint typecheck pytest
+
+demo: $(STAMP)
+	$(VENV)/bin/swarm-node local --nodes 4 --rounds 40 --log-dir runs/demo
+
+bench: $(STAMP)
+	$(PY) bench/bench_gossip.py
+
+clean:
+	rm -rf $(VENV) runs .mypy_cache .pytest_cache .ruff_cache

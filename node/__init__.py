@@ -1,0 +1,1 @@
+"""swarm-node: the training node (CLI, policies, tasks, trainer, metrics)."""

@@ -1,0 +1,1 @@
+"""swarm-node: the networked layer on hivemind (identity, membership, rollout exchange, sync)."""

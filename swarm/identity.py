@@ -1,0 +1,82 @@
+"""The node's identity: one Ed25519 key file gives both its signing key and its peer id.
+
+The file holds a libp2p ``PrivateKey`` protobuf in the layout go-libp2p (and so
+hivemind's ``p2pd``) reads: ``Type = Ed25519``, ``Data = seed || public key``.
+The same file is passed to p2pd as ``identity_path``, so the peer id the
+network sees is exactly the one our signatures are bound to.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol import SigningKey
+
+logger = logging.getLogger(__name__)
+
+# protobuf PrivateKey{Type (field 1, varint) = Ed25519 (1), Data (field 2, bytes, len 64)}
+_PB_PREFIX = bytes([0x08, 0x01, 0x12, 0x40])
+
+
+class IdentityError(RuntimeError):
+    """The identity file exists but cannot be used; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A loaded identity: the signing key and where it is stored."""
+
+    key: SigningKey
+    path: Path
+
+    @property
+    def peer_id(self) -> str:
+        return self.key.peer_id
+
+
+def encode_key_file(key: SigningKey) -> bytes:
+    """The libp2p protobuf bytes for ``key`` (go-libp2p Ed25519 layout)."""
+    return _PB_PREFIX + key.seed + key.public_key
+
+
+def decode_key_file(data: bytes, path: Path) -> SigningKey:
+    if len(data) != len(_PB_PREFIX) + 64 or not data.startswith(_PB_PREFIX):
+        raise IdentityError(
+            f"{path} is not an Ed25519 identity file written by swarm-node; "
+            "move it away (or pass another --identity path) and a new one will be created"
+        )
+    seed, public = data[4:36], data[36:68]
+    key = SigningKey(seed)
+    if key.public_key != public:
+        raise IdentityError(f"{path} is corrupt (public key does not match seed); restore it from a backup")
+    return key
+
+
+def load_or_create(path: str | os.PathLike[str]) -> Identity:
+    """Load the identity at ``path``, creating it (mode 0600) on first run.
+
+    Creation is atomic: a crash leaves either no file or a complete one.
+    """
+    p = Path(path).expanduser()
+    if p.exists():
+        return Identity(decode_key_file(p.read_bytes(), p), p)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    key = SigningKey.generate()
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, encode_key_file(key))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, p)  # fails if another process created p meanwhile: theirs wins
+    except FileExistsError:
+        tmp.unlink()
+        return Identity(decode_key_file(p.read_bytes(), p), p)
+    tmp.unlink()
+    logger.info("created new identity %s at %s", key.peer_id, p)
+    return Identity(key, p)

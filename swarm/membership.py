@@ -1,0 +1,214 @@
+"""Joining the swarm: a hivemind DHT (first peer or joiner), its P2P replica, and shutdown.
+
+The DHT runs in hivemind's child process; this process gets a *replica* of
+its P2P client (same p2pd daemon, same peer id), used for payload streams and
+sync traffic, driven from a private :class:`LoopThread`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import hivemind
+from hivemind.dht.validation import RecordValidatorBase
+from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+from hivemind.utils.multiaddr import Multiaddr
+
+from swarm.errors import BootstrapFailed, PortInUse
+from swarm.identity import Identity
+from swarm.loop import LoopThread
+
+logger = logging.getLogger(__name__)
+
+
+def parse_peer_multiaddr(text: str) -> Multiaddr:
+    """Parse an initial-peer multiaddr; it must name the peer (``/p2p/<id>``).
+
+    Raises ValueError with a sentence saying what a valid one looks like.
+    """
+    example = "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooW..."
+    try:
+        maddr = Multiaddr(text)
+    except Exception:
+        raise ValueError(f"{text!r} is not a multiaddr; expected something like {example}") from None
+    if "p2p" not in [p.name for p in maddr.protocols()]:
+        raise ValueError(
+            f"{text!r} has no /p2p/<peer id> part; copy the full address printed by the first node"
+        )
+    return maddr
+
+
+@dataclass
+class MembershipConfig:
+    """How this node listens and whom it joins through."""
+
+    swarm_id: str = field(
+        default="swarm-node", metadata={"help": "Name of the swarm; keys are namespaced by it."}
+    )
+    host: str = field(default="0.0.0.0", metadata={"help": "IPv4 address to listen on."})
+    port: int = field(default=0, metadata={"help": "TCP port to listen on; 0 picks a free one."})
+    announce: tuple[str, ...] = field(
+        default=(), metadata={"help": "Multiaddrs to announce instead of the listen addresses (behind NAT)."}
+    )
+    initial_peers: tuple[str, ...] = field(
+        default=(), metadata={"help": "Multiaddrs of peers to join through."}
+    )
+    client_mode: bool = field(
+        default=False, metadata={"help": "Do not accept incoming connections (nodes behind NAT)."}
+    )
+    bootstrap_attempts: int = field(
+        default=4, metadata={"help": "Tries to reach an initial peer before giving up."}
+    )
+    bootstrap_backoff_s: float = field(
+        default=1.0, metadata={"help": "First wait between tries; doubles each time."}
+    )
+    startup_timeout_s: float = field(default=30.0, metadata={"help": "Bound on starting the DHT process."})
+    shutdown_timeout_s: float = field(default=5.0, metadata={"help": "Bound on a clean shutdown."})
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} is out of range; use 0-65535 (0 picks a free port)")
+        if not self.swarm_id or "/" in self.swarm_id or ":" in self.swarm_id:
+            raise ValueError(f"swarm id {self.swarm_id!r} must be non-empty without '/' or ':'")
+        if self.bootstrap_attempts < 1:
+            raise ValueError(f"bootstrap_attempts={self.bootstrap_attempts}; use at least 1")
+        for m in self.initial_peers:
+            parse_peer_multiaddr(m)
+        for m in self.announce:
+            try:
+                Multiaddr(m)
+            except Exception:
+                raise ValueError(
+                    f"announce address {m!r} is not a multiaddr, e.g. /ip4/203.0.113.5/tcp/31337"
+                ) from None
+
+
+class Membership:
+    """This node's presence in the swarm. Start with :meth:`start`; always :meth:`shutdown`."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        cfg: MembershipConfig,
+        record_validators: Iterable[RecordValidatorBase] = (),
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.identity = identity
+        self.cfg = cfg
+        self._validators = list(record_validators)
+        self._sleep = sleep
+        self.dht: hivemind.DHT | None = None
+        self.loop: LoopThread | None = None
+        self._p2p: P2P | None = None
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    def start(self) -> Membership:
+        """Start the DHT, retrying the bootstrap with exponential backoff."""
+        delay = self.cfg.bootstrap_backoff_s
+        for attempt in range(1, self.cfg.bootstrap_attempts + 1):
+            try:
+                self.dht = self._start_dht()
+                break
+            except P2PDaemonError as e:
+                msg = str(e)
+                if "address already in use" in msg:
+                    raise PortInUse(
+                        f"port {self.cfg.port} on {self.cfg.host} is already in use; "
+                        "pick another with --host-port or use 0 for a free one"
+                    ) from None
+                if "bootstrap" not in msg or attempt == self.cfg.bootstrap_attempts:
+                    if "bootstrap" in msg:
+                        raise BootstrapFailed(
+                            f"none of the initial peers answered after {attempt} tries "
+                            f"({', '.join(self.cfg.initial_peers)}); check the address and that the node runs"
+                        ) from None
+                    raise
+                logger.warning(
+                    "[%s] no initial peer answered (try %d); retrying in %.1fs",
+                    self.peer_id[-6:],
+                    attempt,
+                    delay,
+                )
+                self._sleep(delay)
+                delay *= 2
+        self.loop = LoopThread(f"swarm-loop-{self.peer_id[-6:]}")
+        assert self.dht is not None
+        self._p2p = self.loop.run(self.dht.replicate_p2p(), self.cfg.startup_timeout_s)
+        return self
+
+    def _start_dht(self) -> hivemind.DHT:
+        kwargs: dict[str, Any] = {
+            "host_maddrs": [f"/ip4/{self.cfg.host}/tcp/{self.cfg.port}"],
+            "identity_path": str(self.identity.path),
+            # hivemind's "identity taken" probe crashes on Ed25519 keys (design.md 6.7)
+            "check_if_identity_free": False,
+            "startup_timeout": self.cfg.startup_timeout_s,
+        }
+        if self.cfg.initial_peers:
+            kwargs["initial_peers"] = list(self.cfg.initial_peers)
+        if self.cfg.announce:
+            kwargs["announce_maddrs"] = list(self.cfg.announce)
+        if self.cfg.client_mode:
+            kwargs["client_mode"] = True
+        return hivemind.DHT(start=True, record_validators=self._validators, **kwargs)
+
+    @property
+    def p2p(self) -> P2P:
+        if self._p2p is None:
+            raise RuntimeError("membership is not started")
+        return self._p2p
+
+    def visible_multiaddrs(self) -> list[str]:
+        """Addresses others can use to join through this node (with /p2p/<id>)."""
+        if self.dht is None:
+            return []
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def run(self, coro: Any, timeout: float) -> Any:
+        """Run a coroutine on this node's P2P loop with a timeout."""
+        if self.loop is None:
+            raise RuntimeError("membership is not started")
+        return self.loop.run(coro, timeout)
+
+    def shutdown(self) -> None:
+        """Stop the loop, the P2P replica and the DHT process, each bounded in time."""
+        if self.loop is not None and self._p2p is not None:
+            try:
+                self.loop.run(self._p2p.shutdown(), self.cfg.shutdown_timeout_s)
+            except Exception as e:  # shutting down: log and go on
+                logger.debug("p2p replica shutdown: %s", e)
+        if self.loop is not None:
+            self.loop.stop(self.cfg.shutdown_timeout_s)
+        if self.dht is not None:
+            try:
+                self.dht.shutdown()
+                self.dht.join(self.cfg.shutdown_timeout_s)
+            except Exception as e:
+                logger.debug("dht shutdown: %s", e)
+            if self.dht.is_alive():
+                self.dht.kill()
+        self.dht, self.loop, self._p2p = None, None, None
+
+    def __enter__(self) -> Membership:
+        return self.start() if self.dht is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def peer_id_obj(peer_id: str) -> PeerID:
+    """hivemind PeerID from its base58 text."""
+    return PeerID.from_base58(peer_id)
+
+
+def first_maddrs(members: Sequence[Membership]) -> list[str]:
+    """The visible multiaddrs of the first member (convenient for tests and `local`)."""
+    return members[0].visible_multiaddrs()
