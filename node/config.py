@@ -1,0 +1,71 @@
+"""The node's configuration: its own fields plus each component's config dataclass.
+
+One source of truth: the CLI builds this object from flags; nothing reads
+environment variables behind its back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from node.sampling import SAMPLING_POLICIES
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+@dataclass
+class NodeConfig:
+    """What one node trains, on what, and how it shares."""
+
+    model: str = field(default="tiny-s", metadata={"help": "Built-in model name or a local HF model folder."})
+    tasks: tuple[str, ...] = field(
+        default=(), metadata={"help": "Task families to sample from; empty = all."}
+    )
+    seed: int = field(default=0, metadata={"help": "Seed for model init, task sampling and generation."})
+    rounds: int = field(default=0, metadata={"help": "Rounds to run before stopping; 0 runs until stopped."})
+    local_groups: int = field(
+        default=4, metadata={"help": "I: local groups (questions) generated per round."}
+    )
+    external_groups: int = field(
+        default=4, metadata={"help": "J: external groups trained on per round; 0 isolates the node."}
+    )
+    num_generations: int = field(default=8, metadata={"help": "G: completions generated per question."})
+    sampling: str = field(
+        default="uniform", metadata={"help": "External group choice: uniform or advantage."}
+    )
+    pool_capacity: int = field(default=64, metadata={"help": "Most verified external groups kept waiting."})
+    collect_limit: int = field(default=8, metadata={"help": "Most peer batches fetched per round."})
+    share: bool = field(default=True, metadata={"help": "Publish local rollouts for other peers."})
+    log_dir: str = field(default="runs", metadata={"help": "Metrics go to <log_dir>/<peer-short-id>/."})
+    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or mps."})
+    max_threads: int = field(default=0, metadata={"help": "CPU threads for torch; 0 leaves torch's default."})
+    identity: str = field(
+        default="~/.swarm-node/identity.key", metadata={"help": "Ed25519 key file; created on first run."}
+    )
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.rounds >= 0, f"rounds={self.rounds}; use 0 (run until stopped) or a positive count"),
+            (
+                self.local_groups >= 1,
+                f"local_groups={self.local_groups}; a node needs at least 1 local group",
+            ),
+            (self.external_groups >= 0, f"external_groups={self.external_groups}; use 0 or more"),
+            (2 <= self.num_generations <= 64, f"num_generations={self.num_generations}; GRPO needs 2-64"),
+            (
+                self.sampling in SAMPLING_POLICIES,
+                f"sampling={self.sampling!r}; use one of {SAMPLING_POLICIES}",
+            ),
+            (self.pool_capacity >= 1, f"pool_capacity={self.pool_capacity}; use at least 1"),
+            (self.collect_limit >= 0, f"collect_limit={self.collect_limit}; use 0 or more"),
+            (self.device in DEVICES, f"device={self.device!r}; use one of {DEVICES}"),
+            (self.max_threads >= 0, f"max_threads={self.max_threads}; use 0 (default) or a positive count"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
+
+    @property
+    def isolated(self) -> bool:
+        """A node that neither takes nor needs external groups."""
+        return self.external_groups == 0

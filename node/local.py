@@ -1,0 +1,178 @@
+"""``swarm-node local``: N node processes on 127.0.0.1, a progress line, a summary table.
+
+The first node bootstraps the swarm; the others join through it. Every child
+runs its rounds and then holds (keeps serving its rollouts) until all are
+done, so a fast node's last batches stay fetchable by slower ones. Stopping is
+always bounded: SIGTERM, a grace period, then SIGKILL of the PIDs we started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from node.cli import CliError, install_stop_handlers, node_args_to_list
+from node.metrics import read_events
+from protocol import short_id
+from swarm.identity import load_or_create
+
+DEFAULT_LOCAL_MODELS = ("tiny-s", "tiny-m", "tiny-l", "tiny-gpt2")
+STOP_GRACE_S = 15.0
+READY_TIMEOUT_S = 90.0
+
+
+@dataclass
+class Child:
+    index: int
+    model: str
+    peer_id: str
+    proc: subprocess.Popen[bytes]
+    log: TextIO
+
+    @property
+    def short(self) -> str:
+        return short_id(self.peer_id)
+
+
+def _models(args: Any) -> list[str]:
+    if args.models:
+        return [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.model != "tiny-s":  # the user named one model: use it everywhere
+        return [args.model]
+    return list(DEFAULT_LOCAL_MODELS)
+
+
+def _spawn(args: Any, i: int, model: str, log_dir: Path, peers: list[str]) -> Child:
+    key = log_dir / "keys" / f"node{i}.key"
+    identity = load_or_create(key)
+    cmd = [sys.executable, "-m", "node.cli", "join" if peers else "start"]
+    for p in peers:
+        cmd += ["--peer", p]
+    cmd += [*node_args_to_list(args), "--model", model, "--identity", str(key), "--log-dir", str(log_dir)]
+    cmd += ["--host-port", "127.0.0.1:0", "--max-threads", str(args.max_threads or 1), "--hold"]
+    cmd += ["--seed", str(args.seed + i), "--ready-file", str(log_dir / f"node{i}.ready")]
+    log = open(log_dir / f"node{i}.log", "w")  # noqa: SIM115 - closed in _stop_all
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return Child(i, model, identity.peer_id, proc, log)
+
+
+def _wait_ready(child: Child, path: Path, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return dict(json.loads(path.read_text()))
+        if child.proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise CliError(
+        f"node {child.index} did not start (exit code {child.proc.poll()}); see {child.log.name} for why"
+    )
+
+
+def _progress(children: list[Child], log_dir: Path) -> tuple[list[int], list[float | None]]:
+    rounds, rewards = [], []
+    for c in children:
+        events = list(read_events(log_dir / c.short / "metrics.jsonl", "round"))
+        rounds.append(len(events))
+        rewards.append(events[-1]["reward_mean"] if events else None)
+    return rounds, rewards
+
+
+def _stop_all(children: list[Child]) -> None:
+    for c in children:
+        if c.proc.poll() is None:
+            c.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for c in children:
+        try:
+            c.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(c.proc.pid, signal.SIGKILL)  # the child's own session: its p2pd and DHT too
+            c.proc.wait(5)
+        c.log.close()
+
+
+def run_local(args: Any) -> int:
+    if not 1 <= args.nodes <= 64:
+        raise CliError(f"--nodes {args.nodes}: use 1-64 nodes")
+    if args.rounds < 1:
+        raise CliError(f"--rounds {args.rounds}: a local run needs at least 1 round")
+    log_dir = Path(args.log_dir)
+    (log_dir / "keys").mkdir(parents=True, exist_ok=True)
+    for stale in log_dir.glob("node*.ready"):
+        stale.unlink()
+    models = _models(args)
+    import threading
+
+    stop = threading.Event()
+    install_stop_handlers(stop)
+    children: list[Child] = []
+    t0 = time.monotonic()
+    try:
+        first = _spawn(args, 0, models[0], log_dir, [])
+        children.append(first)
+        boot = _wait_ready(first, log_dir / "node0.ready", READY_TIMEOUT_S)["multiaddrs"]
+        for i in range(1, args.nodes):
+            children.append(_spawn(args, i, models[i % len(models)], log_dir, boot))
+        for c in children[1:]:
+            _wait_ready(c, log_dir / f"node{c.index}.ready", READY_TIMEOUT_S)
+        print(f"swarm-node local: {args.nodes} nodes up in {time.monotonic() - t0:.1f}s; logs in {log_dir}/")
+        _watch(children, log_dir, args, stop)
+    finally:
+        _stop_all(children)
+    table = summary_table(children, log_dir)
+    print(table)
+    (log_dir / "summary.md").write_text(table + "\n")
+    return 0
+
+
+def _watch(children: list[Child], log_dir: Path, args: Any, stop: Any) -> None:
+    last_change, last = time.monotonic(), [-1] * len(children)
+    while not stop.is_set():
+        rounds, rewards = _progress(children, log_dir)
+        if rounds != last:
+            last, last_change = rounds, time.monotonic()
+            shown = " ".join("-" if r is None else f"{r:.2f}" for r in rewards)
+            print(
+                f"  rounds {min(rounds)}-{max(rounds)}/{args.rounds} | last reward per node: {shown}",
+                flush=True,
+            )
+        if min(rounds) >= args.rounds:
+            return
+        dead = [c for c in children if c.proc.poll() is not None]
+        if dead:
+            raise CliError(
+                f"node {dead[0].index} exited early (code {dead[0].proc.returncode}); see {dead[0].log.name}"
+            )
+        if time.monotonic() - last_change > args.round_timeout:
+            raise CliError(
+                f"no node finished a round in {args.round_timeout:.0f}s; see the node logs in {log_dir}"
+            )
+        stop.wait(0.5)
+
+
+def summary_table(children: list[Child], log_dir: Path) -> str:
+    """Per-node Markdown table: rewards early vs late, external groups used and rejected."""
+    head = "| node | model | peer | rounds | reward first 5 | reward last 5 | external used | rejected | round s |"
+    lines = [head, "|" + "---|" * 9]
+    for c in children:
+        ev = list(read_events(log_dir / c.short / "metrics.jsonl", "round"))
+        if not ev:
+            lines.append(f"| {c.index} | {c.model} | {c.short} | 0 | - | - | - | - | - |")
+            continue
+        first = sum(e["reward_mean"] for e in ev[:5]) / len(ev[:5])
+        last = sum(e["reward_mean"] for e in ev[-5:]) / len(ev[-5:])
+        used = sum(e["external_groups"] for e in ev)
+        rej = sum(e["external_rejected"] for e in ev)
+        rs = sum(e["round_s"] for e in ev) / len(ev)
+        lines.append(
+            f"| {c.index} | {c.model} | {c.short} | {len(ev)} | {first:.3f} | {last:.3f} | {used} | {rej} | {rs:.2f} |"
+        )
+    return "\n".join(lines)

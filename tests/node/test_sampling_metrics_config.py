@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import json
+import re
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from node.config import NodeConfig
+from node.metrics import MetricsWriter, read_events
+from node.sampling import ExternalPool, choose
+
+
+def g(*rewards: float) -> SimpleNamespace:
+    return SimpleNamespace(rewards=rewards)
+
+
+def test_uniform_choice_is_bounded_and_deterministic() -> None:
+    pool = [g(float(i % 2), 0.0) for i in range(10)]
+    a = choose(pool, 4, "uniform", random.Random(1))
+    assert len(a) == 4 and len(set(a)) == 4
+    assert a == choose(pool, 4, "uniform", random.Random(1))
+    assert choose(pool, 50, "uniform", random.Random(1)) == list(range(10))
+
+
+def test_advantage_prefers_informative_groups() -> None:
+    pool = [g(1.0, 1.0), g(0.0, 0.0), g(0.0, 1.0), g(1.0, 0.0), g(0.0, 0.0)]
+    assert choose(pool, 2, "advantage", random.Random(0)) == [2, 3]
+    # with fewer informative groups than asked, the rest are filled from the others
+    assert set(choose(pool, 3, "advantage", random.Random(0))) >= {2, 3}
+
+
+def test_pool_uses_each_group_once_and_drops_oldest() -> None:
+    pool: ExternalPool[SimpleNamespace] = ExternalPool(capacity=3)
+    items = [g(float(i), 0.0) for i in range(5)]
+    pool.add(items)
+    assert len(pool) == 3  # the two oldest fell out
+    taken = pool.take(2, "uniform", random.Random(0))
+    assert len(taken) == 2 and all(t in items[2:] for t in taken)
+    rest = pool.take(5, "uniform", random.Random(0))
+    assert len(rest) == 1 and rest[0] not in taken
+    assert len(pool) == 0
+
+
+def test_unknown_policy_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="uniform"):
+        choose([], 1, "best", random.Random(0))
+
+
+def test_metrics_are_json_lines_and_torn_lines_are_skipped(tmp_path: Path) -> None:
+    w = MetricsWriter(tmp_path / "p" / "metrics.jsonl")
+    w.write("round", round=1, reward_mean=0.5, loss=float("nan"))
+    w.write("sync", revision=1)
+    w.close()
+    with open(tmp_path / "p" / "metrics.jsonl", "a") as f:
+        f.write('{"event": "round", "rou')  # a crash mid-write
+    rounds = list(read_events(tmp_path / "p" / "metrics.jsonl", "round"))
+    assert rounds == [{"event": "round", "round": 1, "reward_mean": 0.5, "loss": None}]
+    for line in (tmp_path / "p" / "metrics.jsonl").read_text().splitlines()[:2]:
+        json.loads(line)  # strict JSON (no NaN)
+    assert list(read_events(tmp_path / "missing.jsonl")) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, fix",
+    [
+        ({"num_generations": 1}, "2-64"),
+        ({"external_groups": -1}, "0 or more"),
+        ({"sampling": "greedy"}, "uniform"),
+        ({"device": "tpu"}, "cpu"),
+        ({"rounds": -3}, "0 (run until stopped)"),
+    ],
+)
+def test_config_errors_name_the_value_and_fix(kwargs: dict, fix: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ValueError, match=re.escape(fix)):
+        NodeConfig(**kwargs)
