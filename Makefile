@@ -30,7 +30,7 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 demo: $(STAMP)
-	$(VENV)/bin/swarm-node local --nodes 4 --rounds 40 --log-dir runs/demo
+	$(VENV)/bin/swarm-node local --nodes 4 --rounds 300 --task max --task min --log-dir runs/demo
 
 bench: $(STAMP)
 	$(PY) bench/bench_gossip.py

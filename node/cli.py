@@ -30,27 +30,27 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed for init, sampling and generation")
     g.add_argument("--rounds", type=int, default=0, help="rounds to run; 0 runs until stopped")
     g.add_argument("--local", type=int, default=4, dest="local_groups", help="I: local groups per round")
-    g.add_argument(
-        "--external", type=int, default=4, dest="external_groups", help="J: external groups per round"
-    )
+    g.add_argument("--external", type=int, default=4, dest="external_groups", help="J: external groups per round")
     g.add_argument("--generations", type=int, default=8, help="G: completions per question")
+    g.add_argument(
+        "--max-new-tokens", type=int, default=0, help="tokens per completion (0: 1 for built-in tiny models, else 64)"
+    )
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    g.add_argument("--lr", type=float, default=None, help="learning rate (default: GRPOConfig's)")
     g.add_argument("--sampling", default="uniform", help="external group choice: uniform or advantage")
     g.add_argument("--log-dir", default="runs", help="metrics go to <log-dir>/<peer-short-id>/metrics.jsonl")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     g.add_argument("--max-threads", type=int, default=0, help="cap torch CPU threads (0: torch default)")
     g.add_argument("-v", "--verbose", action="count", default=0, help="more log detail (-vv for debug)")
     n = p.add_argument_group("network")
-    n.add_argument(
-        "--identity", default="~/.swarm-node/identity.key", help="Ed25519 key file (created if missing)"
-    )
-    n.add_argument(
-        "--host-port", default=None, help="listen address as PORT or HOST:PORT (default 0.0.0.0:0)"
-    )
+    n.add_argument("--identity", default="~/.swarm-node/identity.key", help="Ed25519 key file (created if missing)")
+    n.add_argument("--host-port", default=None, help="listen address as PORT or HOST:PORT (default 0.0.0.0:0)")
     n.add_argument("--announce", action="append", default=[], help="multiaddr to announce (repeatable)")
     n.add_argument("--client-mode", action="store_true", help="accept no incoming connections (behind NAT)")
     n.add_argument("--swarm-id", default="swarm-node", help="swarm name; keys are namespaced by it")
     p.add_argument("--ready-file", default=None, help=argparse.SUPPRESS)
     p.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--go-file", default=None, help=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,10 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--nodes", type=int, default=4, help="number of node processes")
     _add_common(local)
     local.set_defaults(rounds=20, log_dir="runs/local")
-    local.add_argument("--models", default="", help="comma-separated models assigned round-robin to nodes")
     local.add_argument(
-        "--round-timeout", type=float, default=120.0, help="give up if no node progresses this long"
+        "--isolated", type=int, default=0, help="run the last K nodes with --external 0 (side-by-side baseline)"
     )
+    local.add_argument("--models", default="", help="comma-separated models assigned round-robin to nodes")
+    local.add_argument("--round-timeout", type=float, default=120.0, help="give up if no node progresses this long")
     return parser
 
 
@@ -134,6 +135,8 @@ def node_args_to_list(args: Any) -> list[str]:
     """The common flags of ``args`` as a command line (used to spawn local nodes)."""
     out = ["--rounds", str(args.rounds), "--local", str(args.local_groups)]
     out += ["--external", str(args.external_groups), "--generations", str(args.generations)]
+    out += ["--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature)]
+    out += [] if args.lr is None else ["--lr", str(args.lr)]
     out += ["--sampling", args.sampling, "--device", args.device, "--swarm-id", args.swarm_id]
     for t in args.task:
         out += ["--task", t]

@@ -18,21 +18,15 @@ class NodeConfig:
     """What one node trains, on what, and how it shares."""
 
     model: str = field(default="tiny-s", metadata={"help": "Built-in model name or a local HF model folder."})
-    tasks: tuple[str, ...] = field(
-        default=(), metadata={"help": "Task families to sample from; empty = all."}
-    )
+    tasks: tuple[str, ...] = field(default=(), metadata={"help": "Task families to sample from; empty = all."})
     seed: int = field(default=0, metadata={"help": "Seed for model init, task sampling and generation."})
     rounds: int = field(default=0, metadata={"help": "Rounds to run before stopping; 0 runs until stopped."})
-    local_groups: int = field(
-        default=4, metadata={"help": "I: local groups (questions) generated per round."}
-    )
+    local_groups: int = field(default=4, metadata={"help": "I: local groups (questions) generated per round."})
     external_groups: int = field(
         default=4, metadata={"help": "J: external groups trained on per round; 0 isolates the node."}
     )
     num_generations: int = field(default=8, metadata={"help": "G: completions generated per question."})
-    sampling: str = field(
-        default="uniform", metadata={"help": "External group choice: uniform or advantage."}
-    )
+    sampling: str = field(default="uniform", metadata={"help": "External group choice: uniform or advantage."})
     pool_capacity: int = field(default=64, metadata={"help": "Most verified external groups kept waiting."})
     collect_limit: int = field(default=8, metadata={"help": "Most peer batches fetched per round."})
     share: bool = field(default=True, metadata={"help": "Publish local rollouts for other peers."})

@@ -35,6 +35,7 @@ class Child:
     peer_id: str
     proc: subprocess.Popen[bytes]
     log: TextIO
+    external: int
 
     @property
     def short(self) -> str:
@@ -58,9 +59,13 @@ def _spawn(args: Any, i: int, model: str, log_dir: Path, peers: list[str]) -> Ch
     cmd += [*node_args_to_list(args), "--model", model, "--identity", str(key), "--log-dir", str(log_dir)]
     cmd += ["--host-port", "127.0.0.1:0", "--max-threads", str(args.max_threads or 1), "--hold"]
     cmd += ["--seed", str(args.seed + i), "--ready-file", str(log_dir / f"node{i}.ready")]
+    cmd += ["--go-file", str(log_dir / "go")]
+    if i >= args.nodes - args.isolated:
+        cmd += ["--external", "0"]
     log = open(log_dir / f"node{i}.log", "w")  # noqa: SIM115 - closed in _stop_all
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return Child(i, model, identity.peer_id, proc, log)
+    external = 0 if i >= args.nodes - args.isolated else args.external_groups
+    return Child(i, model, identity.peer_id, proc, log, external)
 
 
 def _wait_ready(child: Child, path: Path, timeout: float) -> dict[str, Any]:
@@ -71,9 +76,7 @@ def _wait_ready(child: Child, path: Path, timeout: float) -> dict[str, Any]:
         if child.proc.poll() is not None:
             break
         time.sleep(0.1)
-    raise CliError(
-        f"node {child.index} did not start (exit code {child.proc.poll()}); see {child.log.name} for why"
-    )
+    raise CliError(f"node {child.index} did not start (exit code {child.proc.poll()}); see {child.log.name} for why")
 
 
 def _progress(children: list[Child], log_dir: Path) -> tuple[list[int], list[float | None]]:
@@ -102,12 +105,14 @@ def _stop_all(children: list[Child]) -> None:
 def run_local(args: Any) -> int:
     if not 1 <= args.nodes <= 64:
         raise CliError(f"--nodes {args.nodes}: use 1-64 nodes")
+    if not 0 <= args.isolated <= args.nodes:
+        raise CliError(f"--isolated {args.isolated}: use 0 to {args.nodes} (the number of nodes)")
     if args.rounds < 1:
         raise CliError(f"--rounds {args.rounds}: a local run needs at least 1 round")
     log_dir = Path(args.log_dir)
     (log_dir / "keys").mkdir(parents=True, exist_ok=True)
-    for stale in log_dir.glob("node*.ready"):
-        stale.unlink()
+    for stale in [*log_dir.glob("node*.ready"), log_dir / "go"]:
+        stale.unlink(missing_ok=True)
     models = _models(args)
     import threading
 
@@ -123,6 +128,7 @@ def run_local(args: Any) -> int:
             children.append(_spawn(args, i, models[i % len(models)], log_dir, boot))
         for c in children[1:]:
             _wait_ready(c, log_dir / f"node{c.index}.ready", READY_TIMEOUT_S)
+        (log_dir / "go").touch()
         print(f"swarm-node local: {args.nodes} nodes up in {time.monotonic() - t0:.1f}s; logs in {log_dir}/")
         _watch(children, log_dir, args, stop)
     finally:
@@ -152,27 +158,26 @@ def _watch(children: list[Child], log_dir: Path, args: Any, stop: Any) -> None:
                 f"node {dead[0].index} exited early (code {dead[0].proc.returncode}); see {dead[0].log.name}"
             )
         if time.monotonic() - last_change > args.round_timeout:
-            raise CliError(
-                f"no node finished a round in {args.round_timeout:.0f}s; see the node logs in {log_dir}"
-            )
+            raise CliError(f"no node finished a round in {args.round_timeout:.0f}s; see the node logs in {log_dir}")
         stop.wait(0.5)
+
+
+COLUMNS: tuple[str, ...] = ("node", "model", "peer", "external J", "rounds", "reward first 5", "reward last 5")
+COLUMNS += ("external used", "rejected", "round s")
 
 
 def summary_table(children: list[Child], log_dir: Path) -> str:
     """Per-node Markdown table: rewards early vs late, external groups used and rejected."""
-    head = "| node | model | peer | rounds | reward first 5 | reward last 5 | external used | rejected | round s |"
-    lines = [head, "|" + "---|" * 9]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for c in children:
         ev = list(read_events(log_dir / c.short / "metrics.jsonl", "round"))
-        if not ev:
-            lines.append(f"| {c.index} | {c.model} | {c.short} | 0 | - | - | - | - | - |")
-            continue
-        first = sum(e["reward_mean"] for e in ev[:5]) / len(ev[:5])
-        last = sum(e["reward_mean"] for e in ev[-5:]) / len(ev[-5:])
-        used = sum(e["external_groups"] for e in ev)
-        rej = sum(e["external_rejected"] for e in ev)
-        rs = sum(e["round_s"] for e in ev) / len(ev)
-        lines.append(
-            f"| {c.index} | {c.model} | {c.short} | {len(ev)} | {first:.3f} | {last:.3f} | {used} | {rej} | {rs:.2f} |"
-        )
+        row: list[object] = [c.index, c.model, c.short, c.external, len(ev)]
+        if ev:
+            first = sum(e["reward_mean"] for e in ev[:5]) / len(ev[:5])
+            last = sum(e["reward_mean"] for e in ev[-5:]) / len(ev[-5:])
+            row += [f"{first:.3f}", f"{last:.3f}", sum(e["external_groups"] for e in ev)]
+            row += [sum(e["external_rejected"] for e in ev), f"{sum(e['round_s'] for e in ev) / len(ev):.2f}"]
+        else:
+            row += ["-"] * 5
+        lines.append("| " + " | ".join(map(str, row)) + " |")
     return "\n".join(lines)

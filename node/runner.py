@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from swarm.exchange import ExchangeConfig, RolloutExchange
 
 from node.config import NodeConfig
 from node.grpo import GRPOConfig, GRPOTrainer, drop_zero_advantage
@@ -27,8 +26,9 @@ from node.models import load_model
 from node.policy import GenerationConfig, Policy
 from node.sampling import ExternalPool
 from node.tasks import BUILTIN_TASKS, TaskItem, TaskMix, build_task
-from node.verify import TrainGroup, verify_external
+from node.verify import TrainGroup, local_group, verify_external
 from protocol import RolloutBatch, RolloutGroup, short_id
+from swarm.exchange import ExchangeConfig, RolloutExchange
 from swarm.identity import load_or_create
 from swarm.membership import Membership, MembershipConfig
 from swarm.validation import rollout_validator
@@ -73,9 +73,7 @@ class NodeParts:
 class Node:
     """A training node. ``start()``, then ``run()`` (or ``run_round()``), always ``shutdown()``."""
 
-    def __init__(
-        self, cfg: NodeConfig, parts: NodeParts | None = None, clock: Callable[[], float] = time.time
-    ) -> None:
+    def __init__(self, cfg: NodeConfig, parts: NodeParts | None = None, clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
         self.parts = parts or NodeParts()
         self.clock = clock
@@ -201,14 +199,10 @@ class Node:
             self.parts.generation,
             seed=self.cfg.seed * 1_000_003 + self.round,
         )
-        groups = []
-        for item, comps in zip(items, completions, strict=True):
-            family = self.families[item.ref.family]
-            rewards = tuple(family.score(item, c) for c in comps)
-            groups.append(
-                TrainGroup(item.prompt, tuple(comps), rewards, self.peer_id, item.ref.family, item.ref)
-            )
-        return groups
+        return [
+            local_group(self.families[item.ref.family], item, comps, self.peer_id)
+            for item, comps in zip(items, completions, strict=True)
+        ]
 
     def _publish(self, local: list[TrainGroup]) -> None:
         assert self.exchange is not None
@@ -235,7 +229,7 @@ class Node:
             from_peers[short_id(desc.publisher)] += 1
             good = []
             for group in batch.groups:
-                verdict = verify_external(group, self.families, source_peer=desc.publisher)
+                verdict = verify_external(group, None, source_peer=desc.publisher)
                 mismatches += verdict.reward_mismatches
                 if verdict.group is None:
                     rejected += 1

@@ -6,11 +6,15 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from node.cli import CliError, install_stop_handlers, parse_host_port
 from node.config import NodeConfig
+from node.grpo import GRPOConfig
+from node.models import BUILTIN_MODELS
+from node.policy import GenerationConfig
 from node.runner import Node, NodeParts
 from swarm.errors import SwarmError
 from swarm.identity import IdentityError
@@ -40,7 +44,11 @@ def build_node(args: Any) -> Node:
             max_threads=args.max_threads,
             identity=args.identity,
         )
+        max_new = args.max_new_tokens or (1 if args.model in BUILTIN_MODELS else 64)
+        grpo = GRPOConfig() if args.lr is None else GRPOConfig(learning_rate=args.lr)
         parts = NodeParts(
+            generation=GenerationConfig(temperature=args.temperature, max_new_tokens=max_new),
+            grpo=grpo,
             membership=MembershipConfig(
                 swarm_id=args.swarm_id,
                 host=host,
@@ -48,7 +56,7 @@ def build_node(args: Any) -> Node:
                 announce=tuple(args.announce),
                 initial_peers=peers,
                 client_mode=args.client_mode,
-            )
+            ),
         )
     except ValueError as e:
         raise CliError(str(e)) from None
@@ -74,6 +82,16 @@ def _announce(node: Node, ready_file: str | None) -> None:
     print(f"Others can join with:\n  {_join_hint(addrs)}", flush=True)
 
 
+GO_TIMEOUT_S = 120.0
+
+
+def _wait_for_go(path: Path, node: Node) -> None:
+    """``local`` releases all nodes at once; a lost signal only delays us by the bound."""
+    deadline = time.monotonic() + GO_TIMEOUT_S
+    while not path.exists() and time.monotonic() < deadline and not node.stop_event.is_set():
+        node.stop_event.wait(0.05)
+
+
 def run_node(args: Any) -> int:
     """Start (or join), run the configured rounds, then leave cleanly."""
     node = build_node(args)
@@ -85,6 +103,8 @@ def run_node(args: Any) -> int:
         raise CliError(str(e)) from None
     try:
         _announce(node, args.ready_file)
+        if args.go_file:
+            _wait_for_go(Path(args.go_file), node)
         node.run()
         if args.hold and node.metrics is not None:
             node.metrics.write("done", time=node.clock(), peer=node.peer_id, round=node.round)

@@ -16,13 +16,13 @@ from protocol import (
     SigningKey,
     TaskRef,
     codec,
+    limits,
     open_batch,
     open_descriptor,
     payload_digest,
     seal_batch,
     seal_descriptor,
 )
-from protocol import limits
 from protocol.signing import seal
 
 KEY = SigningKey(bytes(range(32)))
@@ -167,7 +167,12 @@ def test_random_bytes_never_crash_the_decoder(data: bytes) -> None:
 
 
 json_like = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20) | st.binary(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=20),
     lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5),
     max_leaves=30,
 )

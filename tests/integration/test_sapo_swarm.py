@@ -1,0 +1,47 @@
+"""Three real nodes share rollouts; one is SIGKILLed and the others carry on."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.integration.nodes import Swarm, wait_for
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+COMMON = ("--rounds", "0", "--local", "2", "--external", "4", "--generations", "4", "--seed")
+
+
+def test_three_nodes_share_then_survive_a_crash(swarm: Swarm) -> None:
+    a = swarm.spawn("a", *COMMON, "1", "--model", "tiny-s")
+    b = swarm.spawn("b", *COMMON, "2", "--model", "tiny-m")
+    c = swarm.spawn("c", *COMMON, "3", "--model", "tiny-gpt2")
+    nodes = [a, b, c]
+
+    def sources(n: object) -> set[str]:
+        return {p for r in n.rounds() for p in r["external_peers"]}  # type: ignore[attr-defined]
+
+    def everyone_heard_everyone() -> bool:
+        return all(len(n.rounds()) >= 5 and {m.peer_id for m in nodes if m is not n} <= sources(n) for n in nodes)
+
+    wait_for(everyone_heard_everyone, 180, "5 rounds each with external groups from both other nodes")
+    for n in nodes:
+        assert sum(r["external_groups"] for r in n.rounds()) > 0
+        assert all(r["external_rejected"] == 0 for r in n.rounds()), "honest peers must not be rejected"
+
+    c.kill(signal.SIGKILL)
+    t_kill = time.time()
+    done = {n.name: len(n.rounds()) for n in (a, b)}
+    wait_for(lambda: all(len(n.rounds()) >= done[n.name] + 3 for n in (a, b)), 120, "3 more rounds on each survivor")
+    for n in (a, b):
+        after = [r for r in n.rounds() if r["time"] > t_kill]
+        assert after and max(r["round_s"] for r in after) < 30, "a dead peer must not stall a round"
+    assert c.proc.wait(5) == -signal.SIGKILL
+
+    swarm.stop_all()
+    for n in (a, b):
+        summary = n.events("summary")
+        assert summary, f"{n.name} did not leave cleanly:\n{n.log()}"
+        assert summary[-1]["param_digest_start"] != summary[-1]["param_digest_end"], "weights must change"

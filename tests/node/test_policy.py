@@ -1,0 +1,137 @@
+"""Tokenizer, model registry and policy: round trips, determinism, log-probs against a manual computation."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from node.models import BUILTIN_MODELS, ModelNotFound, load_model
+from node.policy import GenerationConfig, Policy, model_fingerprint
+from node.tokenizer import CHARACTERS, char_tokenizer
+
+PROMPTS = ["max 3941=", "a", "count7 37719="]
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    torch.set_num_threads(1)
+    model, tok, model_id = load_model("tiny-s", seed=0, device="cpu")
+    return Policy(model, tok, model_id)
+
+
+# --- tokenizer --------------------------------------------------------------------------------
+
+
+def test_char_tokenizer_round_trip_and_save(tmp_path: Path) -> None:
+    tok = char_tokenizer()
+    ids = tok(CHARACTERS, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(CHARACTERS) and len(set(ids)) == len(CHARACTERS)  # one token per character
+    assert tok.decode(ids) == CHARACTERS
+    with_bos = tok("max 12=")["input_ids"]
+    assert with_bos[0] == tok.bos_token_id and tok.decode(with_bos, skip_special_tokens=True) == "max 12="
+    assert tok("é", add_special_tokens=False)["input_ids"] == [tok.unk_token_id]
+    tok.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    assert (
+        again("x\ny 1", add_special_tokens=False)["input_ids"] == tok("x\ny 1", add_special_tokens=False)["input_ids"]
+    )
+    assert (again.pad_token_id, again.eos_token_id) == (tok.pad_token_id, tok.eos_token_id)
+
+
+# --- models -----------------------------------------------------------------------------------
+
+
+def test_builtin_models_deterministic_and_distinct() -> None:
+    fingerprints = set()
+    for name in BUILTIN_MODELS:
+        model, _tok, model_id = load_model(name, seed=1, device="cpu")
+        n = sum(p.numel() for p in model.parameters())
+        assert 50_000 <= n <= 2_000_000 and model_id == name
+        fingerprints.add(model_fingerprint(model))
+    assert len(fingerprints) == len(BUILTIN_MODELS)
+    a, _, _ = load_model("tiny-s", seed=5, device="cpu")
+    b, _, _ = load_model("tiny-s", seed=5, device="cpu")
+    c, _, _ = load_model("tiny-s", seed=6, device="cpu")
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(a.parameters(), c.parameters(), strict=True))
+    assert model_fingerprint(a) == model_fingerprint(c)
+    assert re.fullmatch(r"[0-9a-f]{16}", model_fingerprint(a))
+
+
+def test_model_not_found_lists_valid_names() -> None:
+    with pytest.raises(ModelNotFound) as err:
+        load_model("tiny-xxl", seed=0, device="cpu")
+    assert all(name in str(err.value) for name in BUILTIN_MODELS)
+
+
+def test_load_local_folder(tmp_path: Path, policy: Policy) -> None:
+    policy.model.save_pretrained(tmp_path / "my-model")
+    policy.tokenizer.save_pretrained(tmp_path / "my-model")
+    model, tok, model_id = load_model(str(tmp_path / "my-model"), seed=123, device="cpu")
+    assert model_id == "my-model"
+    assert all(torch.equal(x, y) for x, y in zip(model.parameters(), policy.model.parameters(), strict=True))
+    assert tok.padding_side == "left" and tok.pad_token_id is not None
+
+
+# --- generation -------------------------------------------------------------------------------
+
+
+def test_generate_shapes_and_determinism(policy: Policy) -> None:
+    cfg = GenerationConfig(max_new_tokens=5)
+    out = policy.generate(PROMPTS, 4, cfg, seed=11)
+    assert len(out) == 3 and all(len(c) == 4 for c in out)
+    assert all(isinstance(t, str) and len(t) <= 5 for c in out for t in c)
+    assert policy.generate(PROMPTS, 4, cfg, seed=11) == out
+    gen = torch.Generator().manual_seed(11)
+    assert policy.generate(PROMPTS, 4, cfg, seed=gen) == out
+    assert policy.generate(PROMPTS, 4, cfg, seed=12) != out
+
+
+def test_batched_greedy_generation_equals_one_by_one(policy: Policy) -> None:
+    """Left padding, position ids and the KV cache make a row's output independent of the batch."""
+    cfg = GenerationConfig(temperature=0.0, max_new_tokens=3)
+    outs = [c[0] for c in policy.generate(PROMPTS, 1, cfg)]
+    singles = [policy.generate([p], 1, cfg)[0][0] for p in PROMPTS]
+    assert outs == singles  # batching with padding changes nothing
+
+
+def test_generation_config_validation() -> None:
+    for bad in (dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5), dict(max_new_tokens=0)):
+        with pytest.raises(ValueError):
+            GenerationConfig(**bad)  # type: ignore[arg-type]
+    assert set(GenerationConfig.help()) == {"temperature", "top_p", "max_new_tokens"}
+    assert GenerationConfig(top_p=0.5, temperature=0.7).top_p == 0.5
+
+
+def test_top_p_keeps_only_the_nucleus(policy: Policy) -> None:
+    cfg = GenerationConfig(top_p=1e-6, max_new_tokens=3)  # only the top token survives: greedy
+    greedy = policy.generate(PROMPTS, 1, GenerationConfig(temperature=0.0, max_new_tokens=3))
+    assert policy.generate(PROMPTS, 1, cfg, seed=3) == greedy
+
+
+# --- log-probs --------------------------------------------------------------------------------
+
+
+def _manual_logprobs(policy: Policy, prompt: str, completion: str) -> torch.Tensor:
+    p_ids = policy.tokenizer(prompt)["input_ids"]  # <bos> + characters
+    c_ids = policy.tokenizer(completion, add_special_tokens=False)["input_ids"] + [policy.tokenizer.eos_token_id]
+    ids = torch.tensor([p_ids + c_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(policy.model(input_ids=ids).logits[0].float(), dim=-1)
+    return torch.stack([logp[len(p_ids) - 1 + j, t] for j, t in enumerate(c_ids)])
+
+
+def test_token_logprobs_match_manual_gather(policy: Policy) -> None:
+    completions = ["9", "hello", ""]
+    logp, mask = policy.token_logprobs(PROMPTS, completions)
+    assert logp.shape == mask.shape == (3, 6)  # longest completion "hello" + eos
+    assert logp.requires_grad
+    assert mask.tolist() == [[1, 1, 0, 0, 0, 0], [1] * 6, [1, 0, 0, 0, 0, 0]]
+    for i, (p, c) in enumerate(zip(PROMPTS, completions, strict=True)):
+        manual = _manual_logprobs(policy, p, c)
+        assert torch.allclose(logp[i, : len(manual)].detach(), manual, atol=1e-5)
+        assert torch.all(logp[i, len(manual) :] == 0)

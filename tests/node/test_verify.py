@@ -1,0 +1,64 @@
+"""verify_external: tampered prompts are refused, claimed rewards are counted and replaced."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from node.tasks import TaskItem, build_task, rollout_group
+from node.verify import local_group, verify_external
+from protocol.schema import RolloutGroup, TaskRef
+
+
+def _honest(name: str = "max") -> tuple[TaskItem, RolloutGroup]:
+    fam = build_task(name)
+    item = fam.item(seed=1, index=7)
+    wrong = "x"
+    comps = [item.answer, wrong, item.answer, wrong]
+    return item, rollout_group(item, comps, [1.0, 0.0, 1.0, 0.0], "tiny-s")
+
+
+def test_honest_group_is_accepted_with_local_rewards() -> None:
+    item, group = _honest()
+    verdict = verify_external(group, {"max", "min"}, source_peer="peerA")
+    assert verdict.ok and verdict.reason == "" and verdict.reward_mismatches == 0
+    assert verdict.group is not None
+    assert verdict.group.rewards == (1.0, 0.0, 1.0, 0.0)
+    assert verdict.group.source_peer == "peerA" and verdict.group.task_family == "max"
+    assert verdict.group.task_ref == group.task
+    assert verdict.group.prompt == item.prompt
+
+
+def test_inflated_rewards_are_counted_and_not_used() -> None:
+    _, group = _honest()
+    inflated = dataclasses.replace(group, rewards=(1.0, 1.0, 1.0, 1.0))
+    verdict = verify_external(inflated, None)
+    assert verdict.group is not None
+    assert verdict.reward_mismatches == 2
+    assert verdict.group.rewards == (1.0, 0.0, 1.0, 0.0)  # the local scores
+
+
+def test_tampered_prompt_is_rejected() -> None:
+    _, group = _honest()
+    tampered = dataclasses.replace(group, prompt="max 1111=")
+    verdict = verify_external(tampered, None)
+    assert not verdict.ok and verdict.group is None and verdict.reason == "prompt mismatch"
+
+
+def test_bad_references_are_rejected() -> None:
+    _, group = _honest()
+    unwanted = verify_external(group, {"parity"})
+    assert unwanted.group is None and "unknown task family" in unwanted.reason
+    unknown = dataclasses.replace(group, task=TaskRef.make("chess", {}, 0, 0))
+    assert verify_external(unknown, None).group is None
+    bad_digest = dataclasses.replace(group, task=dataclasses.replace(group.task, config_digest="f" * 16))
+    assert "digest" in verify_external(bad_digest, None).reason
+    bad_cfg = dataclasses.replace(group, task=TaskRef.make("max", {"digits": 500}, 1, 7))
+    assert "outside" in verify_external(bad_cfg, None).reason
+
+
+def test_local_group_scores_locally() -> None:
+    fam = build_task("parity")
+    item = fam.item(2, 3)
+    other = "1" if item.answer == "0" else "0"
+    group = local_group(fam, item, [item.answer, other, " " + item.answer])
+    assert group.rewards == (1.0, 0.0, 1.0) and group.task_ref == item.ref and group.source_peer == "self"
