@@ -37,9 +37,7 @@ def parse_peer_multiaddr(text: str) -> Multiaddr:
     except Exception:
         raise ValueError(f"{text!r} is not a multiaddr; expected something like {example}") from None
     if "p2p" not in [p.name for p in maddr.protocols()]:
-        raise ValueError(
-            f"{text!r} has no /p2p/<peer id> part; copy the full address printed by the first node"
-        )
+        raise ValueError(f"{text!r} has no /p2p/<peer id> part; copy the full address printed by the first node")
     return maddr
 
 
@@ -47,26 +45,18 @@ def parse_peer_multiaddr(text: str) -> Multiaddr:
 class MembershipConfig:
     """How this node listens and whom it joins through."""
 
-    swarm_id: str = field(
-        default="swarm-node", metadata={"help": "Name of the swarm; keys are namespaced by it."}
-    )
+    swarm_id: str = field(default="swarm-node", metadata={"help": "Name of the swarm; keys are namespaced by it."})
     host: str = field(default="0.0.0.0", metadata={"help": "IPv4 address to listen on."})
     port: int = field(default=0, metadata={"help": "TCP port to listen on; 0 picks a free one."})
     announce: tuple[str, ...] = field(
         default=(), metadata={"help": "Multiaddrs to announce instead of the listen addresses (behind NAT)."}
     )
-    initial_peers: tuple[str, ...] = field(
-        default=(), metadata={"help": "Multiaddrs of peers to join through."}
-    )
+    initial_peers: tuple[str, ...] = field(default=(), metadata={"help": "Multiaddrs of peers to join through."})
     client_mode: bool = field(
         default=False, metadata={"help": "Do not accept incoming connections (nodes behind NAT)."}
     )
-    bootstrap_attempts: int = field(
-        default=4, metadata={"help": "Tries to reach an initial peer before giving up."}
-    )
-    bootstrap_backoff_s: float = field(
-        default=1.0, metadata={"help": "First wait between tries; doubles each time."}
-    )
+    bootstrap_attempts: int = field(default=4, metadata={"help": "Tries to reach an initial peer before giving up."})
+    bootstrap_backoff_s: float = field(default=1.0, metadata={"help": "First wait between tries; doubles each time."})
     startup_timeout_s: float = field(default=30.0, metadata={"help": "Bound on starting the DHT process."})
     shutdown_timeout_s: float = field(default=5.0, metadata={"help": "Bound on a clean shutdown."})
 
