@@ -94,7 +94,7 @@ def gossip_round(workers: list[WorkerProc], publisher: int, rnd: int) -> tuple[f
     for w in others:
         res = w.reply(30.0)
         if desc["digest"] not in [a[1] for a in res["accepted"]]:
-            raise RuntimeError(f"peer {w.peer_id[-6:]} did not get the batch: {res['rejected']}")
+            raise RuntimeError(f"peer {w.peer_id[-6:]} did not get the batch: {res['rejected']} {res['failed']}")
         collects.append(res["elapsed_s"])
     return time.perf_counter() - t0, collects, desc
 

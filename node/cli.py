@@ -142,7 +142,3 @@ def node_args_to_list(args: Any) -> list[str]:
         out += ["--task", t]
     out += ["-v"] * args.verbose
     return out
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -53,7 +53,7 @@ def _models(args: Any) -> list[str]:
 def _spawn(args: Any, i: int, model: str, log_dir: Path, peers: list[str]) -> Child:
     key = log_dir / "keys" / f"node{i}.key"
     identity = load_or_create(key)
-    cmd = [sys.executable, "-m", "node.cli", "join" if peers else "start"]
+    cmd = [sys.executable, "-m", "node", "join" if peers else "start"]
     for p in peers:
         cmd += ["--peer", p]
     cmd += [*node_args_to_list(args), "--model", model, "--identity", str(key), "--log-dir", str(log_dir)]

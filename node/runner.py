@@ -155,7 +155,7 @@ class Node:
         local = self._generate_local(items)
         if self.cfg.share:
             self._publish(local)
-        rejected, mismatches, from_peers = self._collect()
+        rejected, mismatches, fetch_failed, from_peers = self._collect()
         external = self.pool.take(self.cfg.external_groups, self.cfg.sampling, self._rng)
         kept, n_dropped = drop_zero_advantage(local + external)
         stats = self.trainer.step(kept) if kept else {}
@@ -172,6 +172,7 @@ class Node:
             local_groups=len(local),
             external_groups=len(external),
             external_rejected=rejected,
+            fetch_failed=fetch_failed,
             reward_mismatches=mismatches,
             external_peers=dict(Counter(g.source_peer for g in external)),
             batches_from=from_peers,
@@ -215,16 +216,20 @@ class Node:
         except Exception as e:  # network trouble skips sharing this round; training goes on
             logger.warning("[%s r=%d] publish failed: %s", self._tag, self.round, e)
 
-    def _collect(self) -> tuple[int, int, dict[str, int]]:
-        """Fetch new peer batches, re-verify every group locally, add the good ones to the pool."""
+    def _collect(self) -> tuple[int, int, int, dict[str, int]]:
+        """Fetch new peer batches, re-verify every group locally, add the good ones to the pool.
+
+        Returns (trust rejections, claimed-reward mismatches, fetch failures, batches per peer).
+        """
         if self.cfg.isolated or self.cfg.collect_limit == 0:
-            return 0, 0, {}
+            return 0, 0, 0, {}
         assert self.exchange is not None
+        self.exchange.round = self.round
         since = self.clock() - self.parts.exchange.descriptor_ttl_s
         result = self.exchange.collect(since=since, limit=self.cfg.collect_limit)
         rejected, mismatches, from_peers = len(result.rejected), 0, Counter[str]()
         for peer, reason in result.rejected:
-            logger.info("[%s r=%d] rejected batch from %s: %s", self._tag, self.round, short_id(peer), reason)
+            logger.warning("[%s r=%d] rejected batch from %s: %s", self._tag, self.round, short_id(peer), reason)
         for desc, batch in result.accepted:
             from_peers[short_id(desc.publisher)] += 1
             good = []
@@ -233,17 +238,14 @@ class Node:
                 mismatches += verdict.reward_mismatches
                 if verdict.group is None:
                     rejected += 1
-                    logger.info(
+                    logger.warning(
                         "[%s r=%d] rejected group from %s: %s",
-                        self._tag,
-                        self.round,
-                        short_id(desc.publisher),
-                        verdict.reason,
-                    )
+                        self._tag, self.round, short_id(desc.publisher), verdict.reason,
+                    )  # fmt: skip
                 else:
                     good.append(verdict.group)
             self.pool.add(good)
-        return rejected, mismatches, dict(from_peers)
+        return rejected, mismatches, len(result.failed), dict(from_peers)
 
 
 def _mean(values: list[float]) -> float | None:

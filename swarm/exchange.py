@@ -47,7 +47,7 @@ class ExchangeConfig:
     )
     fetch_timeout_s: float = field(default=5.0, metadata={"help": "Bound on fetching one payload, seconds."})
     collect_timeout_s: float = field(default=10.0, metadata={"help": "Bound on a whole collect(), seconds."})
-    max_served: int = field(default=8, metadata={"help": "Most recent own batches kept for serving."})
+    max_served: int = field(default=32, metadata={"help": "Most recent own batches kept for serving."})
     max_parallel_fetches: int = field(default=8, metadata={"help": "Most payload fetches in flight."})
     chunk_bytes: int = field(default=256 * 1024, metadata={"help": "Stream read/write chunk size, bytes."})
     dht_timeout_s: float = field(default=5.0, metadata={"help": "Bound on one DHT store or read, seconds."})
@@ -71,12 +71,18 @@ class ExchangeConfig:
 
 @dataclass
 class CollectResult:
-    """What one collect() got: verified batches, rejections (peer id, reason), and timing."""
+    """What one collect() got: verified batches, refusals and failures (peer id, reason), timing.
+
+    ``rejected`` holds trust failures (forged, tampered or malformed data);
+    ``failed`` holds availability failures (unreachable peer, timeout, a batch
+    its publisher no longer serves), which say nothing against the peer.
+    """
 
     accepted: list[tuple[Descriptor, RolloutBatch]]
     rejected: list[tuple[str, str]]
     seen: int
     elapsed_s: float
+    failed: list[tuple[str, str]] = field(default_factory=list)
 
 
 def window_key(swarm_id: str, t: float, window_s: float) -> str:
@@ -277,13 +283,14 @@ class RolloutExchange:
             entries, own=self.peer_id, now=now, since=since, fetched=fetched, limit=limit, rng=self._rng
         )
         results = self._fetch_all(chosen, deadline - time.monotonic())
-        accepted = self._verify_all(chosen, results, rejected)
+        failed: list[tuple[str, str]] = []
+        accepted = self._verify_all(chosen, results, rejected, failed)
         elapsed = time.monotonic() - start
         logger.info(
-            "%s collected %d of %d chosen (%d seen, %d rejected) in %.2fs",
-            self._tag(), len(accepted), len(chosen), len(entries), len(rejected), elapsed,
+            "%s collected %d of %d chosen (%d seen, %d rejected, %d failed) in %.2fs",
+            self._tag(), len(accepted), len(chosen), len(entries), len(rejected), len(failed), elapsed,
         )  # fmt: skip
-        return CollectResult(accepted, rejected, len(entries), elapsed)
+        return CollectResult(accepted, rejected, len(entries), elapsed, failed)
 
     def _read_entries(self, now: float, deadline: float) -> list[tuple[Any, Any]]:
         """Raw (subkey, value) pairs under the current and previous window keys."""
@@ -347,14 +354,18 @@ class RolloutExchange:
             return f"fetch failed: {type(e).__name__}: {e}"[:200]
 
     def _verify_all(
-        self, chosen: list[Descriptor], results: dict[str, bytes | str], rejected: list[tuple[str, str]]
+        self,
+        chosen: list[Descriptor],
+        results: dict[str, bytes | str],
+        rejected: list[tuple[str, str]],
+        failed: list[tuple[str, str]],
     ) -> list[tuple[Descriptor, RolloutBatch]]:
         accepted: list[tuple[Descriptor, RolloutBatch]] = []
         for desc in chosen:
             result = results.get(desc.payload_digest, "collect deadline")
             if isinstance(result, str):
                 self._count(fetch_failed=1)
-                rejected.append((desc.publisher, result))
+                failed.append((desc.publisher, result))
                 logger.info("%s fetch from %s failed: %s", self._tag(), desc.publisher[-6:], result)
                 continue
             self._count(bytes_in=len(result))

@@ -56,7 +56,13 @@ def _handle(ex: RolloutExchange, cmd: dict[str, Any]) -> dict[str, Any]:
     if cmd["cmd"] == "collect":
         res = ex.collect(cmd["since"], cmd["limit"])
         accepted = [[d.publisher, d.payload_digest, d.round, d.payload_size] for d, _ in res.accepted]
-        return {"accepted": accepted, "rejected": res.rejected, "seen": res.seen, "elapsed_s": res.elapsed_s}
+        return {
+            "accepted": accepted,
+            "rejected": res.rejected,
+            "failed": res.failed,
+            "seen": res.seen,
+            "elapsed_s": res.elapsed_s,
+        }
     if cmd["cmd"] == "fetch":  # one bare stream pull + verification, timed (for the benchmark)
         return _timed_fetch(ex, cmd["peer"], cmd["digest"], cmd["size"])
     if cmd["cmd"] == "stats":

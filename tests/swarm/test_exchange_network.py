@@ -61,7 +61,7 @@ def test_every_peer_collects_the_other_three(swarm4: list[WorkerProc]) -> None:
         got = {pub: digest for pub, digest, _, _ in results[w.peer_id]["accepted"]}
         others = {p: r["digest"] for p, r in published.items() if p != w.peer_id}
         assert got == others, results[w.peer_id]
-        assert results[w.peer_id]["rejected"] == []
+        assert results[w.peer_id]["rejected"] == [] and results[w.peer_id]["failed"] == []
     # a second collect does not fetch the same batches again
     again = swarm4[0].request(cmd="collect", since=since, limit=16)
     assert again["accepted"] == [] and again["rejected"] == []
@@ -89,8 +89,8 @@ def test_sigkilled_publisher_fails_fast_others_succeed(swarm4: list[WorkerProc],
     finally:
         victim.stop(timeout=1.0)
     assert {a[1] for a in res["accepted"]} == {r["digest"] for r in alive.values()}, res
-    reasons = dict(res["rejected"])
-    assert victim.peer_id in reasons, res
+    reasons = dict(res["failed"])  # unreachable is an availability failure, not a trust failure
+    assert victim.peer_id in reasons and res["rejected"] == [], res
     assert any(word in reasons[victim.peer_id] for word in ("unreachable", "timeout", "closed")), reasons
     assert res["elapsed_s"] < 3.0, res  # fails at dial time (measured ~0.05 s); collect_timeout_s is 10
 
