@@ -61,7 +61,7 @@ class Swarm:
         key = self.tmp / "keys" / f"{name}.key"
         peer_id = load_or_create(key).peer_id
         ready = self.tmp / f"{name}.ready"
-        cmd = [sys.executable, "-m", "node.cli", "join" if join and self.nodes else "start"]
+        cmd = [sys.executable, "-m", "node", "join" if join and self.nodes else "start"]
         if join and self.nodes:
             cmd += ["--peer", self.nodes[0].ready["multiaddrs"][0]]
         cmd += ["--identity", str(key), "--log-dir", str(self.tmp / "runs"), "--host-port", "127.0.0.1:0"]
