@@ -1,0 +1,305 @@
+"""One round's reduce-scatter + all-gather on our own P2P streams, and state serving.
+
+Member i of a sorted group of n owns slice i of the flat pseudo-gradient.
+Every member opens one stream to every other owner j, sends its (encoded)
+part of slice j, and reads back, on the same stream, the bytes owner j
+produced by reducing all n parts. The owner takes its own slice from those
+same bytes. So every member assembles the average from exactly the reducers'
+bytes, and members that finish hold bit-identical averages.
+
+Streams are authenticated by libp2p (the remote peer id comes from the
+connection, not from the message). Every header names the group id, the
+revision and the slice; any mismatch, any bad size or non-finite value, any
+peer error and the round deadline fail the round on this member and make its
+slice's reducer refuse everyone else, so a failure spreads fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hivemind.p2p import P2P, PeerID
+
+from swarm.sync.config import SyncAborted
+from swarm.sync.errors import BadBytes, GroupMismatch
+from swarm.sync.tensors import decode, encode, encoded_size, from_bytes, reduce_parts, slice_bounds, to_bytes
+from swarm.sync.tensors import state_hash as compute_state_hash
+from swarm.sync.wire import check_ok, read_header, read_payload, send_error, write_frame
+
+logger = logging.getLogger(__name__)
+
+Hook = Callable[[str, int], "str | None"]
+"""Test seam: called as ``hook(phase, revision)``; may return "drop" at phase "send"."""
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """Everything members agreed on for one round; ``deadline`` is absolute (service clock)."""
+
+    group_id: str
+    revision: int
+    members: tuple[str, ...]
+    n_elems: int
+    compression: str
+    aggregator: str
+    trim_fraction: float
+    deadline: float
+
+    def bounds(self) -> list[tuple[int, int]]:
+        return slice_bounds(self.n_elems, len(self.members))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Immutable outer state: replaced as a whole, never mutated, so it can be served any time."""
+
+    revision: int
+    state_hash: str
+    anchor: torch.Tensor
+    momentum: torch.Tensor
+
+
+@dataclass(frozen=True)
+class AllReduceResult:
+    """The reducers' bytes per slice (member order) and what this member sent."""
+
+    slices: list[bytes]
+    bytes_sent: int
+
+
+class _Round:
+    """Owner-side state of one round: the parts received for this member's slice."""
+
+    def __init__(self, plan: RoundPlan, index: int) -> None:
+        self.plan, self.index = plan, index
+        lo, hi = plan.bounds()[index]
+        self.n = hi - lo
+        self.parts: dict[str, torch.Tensor | None] = {}
+        self.result: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.result.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def fail(self, reason: str) -> None:
+        if not self.result.done():
+            self.result.set_exception(SyncAborted(reason))
+
+
+class SyncService:
+    """Serves slice reductions and state snapshots; runs rounds. All methods run on the P2P loop."""
+
+    def __init__(
+        self,
+        p2p: P2P,
+        name: str,
+        me: str,
+        chunk_timeout: float,
+        snapshot: Callable[[], Snapshot],
+        clock: Callable[[], float] = time.time,
+        hook: Hook | None = None,
+        register_timeout: float = 10.0,
+    ) -> None:
+        self._p2p, self._name, self._me = p2p, name, me
+        self._chunk_timeout = chunk_timeout
+        # how long a part may wait for this member to reach the same group decision (its DHT
+        # reads may finish later than the sender's); the sender's round deadline bounds it too
+        self._register_timeout = register_timeout
+        self._snapshot, self._clock, self._hook = snapshot, clock, hook
+        self._rounds: dict[str, _Round] = {}
+        self._finished: deque[str] = deque(maxlen=64)
+
+    async def start(self) -> None:
+        await self._p2p.add_binary_stream_handler(self._name, self._handle)
+
+    async def stop(self) -> None:
+        for rnd in list(self._rounds.values()):
+            rnd.fail("shutting down")
+        try:
+            await self._p2p.remove_binary_stream_handler(self._name)
+        except Exception as e:
+            logger.debug("[%s] removing stream handler: %s", self._me[-6:], e)
+
+    def _call_hook(self, phase: str, revision: int) -> str | None:
+        return self._hook(phase, revision) if self._hook is not None else None
+
+    def _remaining(self, plan: RoundPlan) -> float:
+        return max(0.01, plan.deadline - self._clock())
+
+    # ---- serving side -------------------------------------------------------------------------
+
+    async def _handle(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            header = await read_header(reader, self._chunk_timeout)
+            if header.get("op") == "part":
+                await self._serve_part(info.peer_id.to_base58(), header, reader, writer)
+            elif header.get("op") == "state":
+                await self._serve_state(writer)
+            else:
+                await send_error(writer, "unknown op", self._chunk_timeout)
+        except Exception as e:  # a server never crashes on a peer's stream: refuse and log
+            reason = e.reason if isinstance(e, SyncAborted) else f"{type(e).__name__}"
+            logger.debug("[%s] refused a stream: %s", self._me[-6:], reason)
+            await send_error(writer, reason, self._chunk_timeout)
+        finally:
+            writer.close()
+
+    async def _wait_round(self, gid: Any) -> _Round:
+        end = time.monotonic() + self._register_timeout
+        while time.monotonic() < end:
+            if gid in self._rounds:
+                return self._rounds[gid]
+            if gid in self._finished:
+                raise GroupMismatch("round already over")
+            await asyncio.sleep(0.01)
+        raise GroupMismatch("unknown group id")
+
+    async def _serve_part(
+        self, sender: str, header: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        rnd = await self._wait_round(header.get("group"))
+        plan = rnd.plan
+        if sender not in plan.members or sender == self._me:  # refused, but no reason to fail the round
+            raise GroupMismatch(f"{sender[-6:]} is not a member")
+        try:
+            if header.get("revision") != plan.revision or header.get("slice") != rnd.index:
+                raise GroupMismatch("revision or slice differs")
+            weight = header.get("weight")
+            if weight not in (0, 1) or isinstance(weight, bool):
+                raise BadBytes("weight must be 0 or 1")
+            expected = encoded_size(rnd.n, plan.compression) if weight else 0
+            if header["size"] != expected:
+                raise BadBytes(f"part of {header['size']} bytes, expected {expected}")
+            payload = await read_payload(reader, expected, self._chunk_timeout)
+            await self._add_part(rnd, sender, weight, payload)
+        except (SyncAborted, TimeoutError, asyncio.TimeoutError) as e:
+            rnd.fail(e.reason if isinstance(e, SyncAborted) else "part timeout")
+            raise
+        result = await asyncio.wait_for(asyncio.shield(rnd.result), self._remaining(plan))
+        await write_frame(writer, {"ok": True}, result, self._chunk_timeout)
+
+    async def _add_part(self, rnd: _Round, peer: str, weight: int, payload: bytes) -> None:
+        if peer in rnd.parts:
+            raise GroupMismatch(f"second part from {peer[-6:]}")
+        rnd.parts[peer] = decode(payload, rnd.n, rnd.plan.compression) if weight else None
+        if len(rnd.parts) < len(rnd.plan.members) or rnd.result.done():
+            return
+        plan = rnd.plan
+        contributions = [t for p in plan.members if (t := rnd.parts[p]) is not None]
+
+        def reduce_and_encode() -> bytes:
+            reduced = reduce_parts(contributions, rnd.n, plan.aggregator, plan.trim_fraction)
+            return encode(reduced, plan.compression)
+
+        out = await asyncio.get_running_loop().run_in_executor(None, reduce_and_encode)
+        self._call_hook("reduced", plan.revision)
+        if not rnd.result.done():
+            rnd.result.set_result(out)
+
+    async def _serve_state(self, writer: asyncio.StreamWriter) -> None:
+        snap = self._snapshot()
+        payload = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: to_bytes(snap.anchor) + to_bytes(snap.momentum)
+        )
+        header = {"ok": True, "revision": snap.revision, "state_hash": snap.state_hash, "n": snap.anchor.numel()}
+        await write_frame(writer, header, payload, self._chunk_timeout)
+
+    # ---- calling side -------------------------------------------------------------------------
+
+    async def allreduce(self, plan: RoundPlan, flat: torch.Tensor, weight: int) -> AllReduceResult:
+        """Run one round; return the reducers' bytes, or raise SyncAborted (never partial)."""
+        index = plan.members.index(self._me)
+        rnd = _Round(plan, index)
+        self._rounds[plan.group_id] = rnd
+        try:
+            return await self._allreduce(plan, rnd, flat, weight)
+        except SyncAborted as e:
+            rnd.fail(e.reason)
+            raise
+        except (TimeoutError, asyncio.TimeoutError):
+            rnd.fail("all-reduce timeout")
+            raise SyncAborted("all-reduce timeout") from None
+        except Exception as e:  # P2P daemon and connection errors of any kind
+            rnd.fail(type(e).__name__)
+            raise SyncAborted(f"all-reduce failed: {type(e).__name__}: {e}") from None
+        finally:
+            self._rounds.pop(plan.group_id, None)
+            self._finished.append(plan.group_id)
+
+    async def _allreduce(self, plan: RoundPlan, rnd: _Round, flat: torch.Tensor, weight: int) -> AllReduceResult:
+        bounds = plan.bounds()
+
+        def encode_all() -> list[bytes]:
+            return [encode(flat[lo:hi], plan.compression) if weight else b"" for lo, hi in bounds]
+
+        parts = await asyncio.get_running_loop().run_in_executor(None, encode_all)
+        await self._add_part(rnd, self._me, weight, parts[rnd.index])
+        tasks: list[asyncio.Future[bytes]] = []
+        for j in range(len(plan.members)):
+            if j == rnd.index:
+                tasks.append(asyncio.ensure_future(asyncio.shield(rnd.result)))
+            else:
+                tasks.append(asyncio.ensure_future(self._exchange(plan, j, weight, parts[j])))
+        done, pending = await asyncio.wait(tasks, timeout=self._remaining(plan), return_when=asyncio.FIRST_EXCEPTION)
+        for t in pending:
+            t.cancel()
+        for t in done:
+            if t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+        if pending:
+            raise SyncAborted("all-reduce timeout")
+        slices = [t.result() for t in tasks]
+        sent = sum(len(p) for j, p in enumerate(parts) if j != rnd.index)
+        return AllReduceResult(slices, sent + (len(plan.members) - 1) * len(slices[rnd.index]))
+
+    async def _exchange(self, plan: RoundPlan, j: int, weight: int, part: bytes) -> bytes:
+        if self._call_hook("send", plan.revision) == "drop":
+            await asyncio.sleep(self._remaining(plan))
+            raise SyncAborted("all-reduce timeout (part dropped)")
+        peer = plan.members[j]
+        timeout = min(self._chunk_timeout, self._remaining(plan))
+        _, reader, writer = await asyncio.wait_for(
+            self._p2p.call_binary_stream_handler(PeerID.from_base58(peer), self._name), timeout
+        )
+        try:
+            header = {"op": "part", "group": plan.group_id, "revision": plan.revision, "slice": j}
+            await write_frame(writer, {**header, "weight": weight}, part, self._chunk_timeout)
+            self._call_hook("sent", plan.revision)
+            reply = await read_header(reader, self._remaining(plan))
+            check_ok(reply)
+            lo, hi = plan.bounds()[j]
+            expected = encoded_size(hi - lo, plan.compression)
+            if reply["size"] != expected:
+                raise BadBytes(f"slice {j} of {reply['size']} bytes, expected {expected}")
+            return await read_payload(reader, expected, self._chunk_timeout)
+        finally:
+            writer.close()
+
+    async def fetch_state(self, donor: str, n: int, timeout: float) -> Snapshot:
+        """Download and verify (recompute the hash of) ``donor``'s current state."""
+        end = self._clock() + timeout
+        _, reader, writer = await asyncio.wait_for(
+            self._p2p.call_binary_stream_handler(PeerID.from_base58(donor), self._name), self._chunk_timeout
+        )
+        try:
+            await write_frame(writer, {"op": "state"}, b"", self._chunk_timeout)
+            header = await read_header(reader, max(0.01, end - self._clock()))
+            check_ok(header)
+            if header.get("n") != n or header["size"] != 8 * n:
+                raise BadBytes(f"state of {header.get('n')} elements, expected {n}")
+            payload = await read_payload(reader, 8 * n, self._chunk_timeout)
+        finally:
+            writer.close()
+
+        def verify() -> Snapshot:
+            anchor, momentum = from_bytes(payload[: 4 * n], n), from_bytes(payload[4 * n :], n)
+            digest = compute_state_hash(anchor, momentum)
+            if digest != header.get("state_hash") or not isinstance(header.get("revision"), int):
+                raise BadBytes("downloaded state does not match its hash")
+            return Snapshot(header["revision"], digest, anchor, momentum)
+
+        return await asyncio.get_running_loop().run_in_executor(None, verify)

@@ -1,0 +1,148 @@
+"""Outer-sync configuration, the per-round report, and the named failure.
+
+The time bound a sync may take is :meth:`OuterSyncConfig.max_sync_seconds`;
+see :mod:`swarm.sync.outer` for the derivation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+COMPRESSIONS = ("none", "fp16", "int8")
+AGGREGATORS = ("mean", "trimmed_mean")
+
+
+class SyncAborted(RuntimeError):
+    """A sync round failed on this member (dead peer, timeout, bad bytes, group mismatch).
+
+    ``reason`` is short and stable, for metrics. An aborted round is never applied.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class OuterSyncConfig:
+    """How often and how (robustly, with which bounds) peers of one architecture average."""
+
+    sync_every: int = field(default=100, metadata={"help": "Inner steps between outer syncs (H)."})
+    outer_lr: float = field(default=0.7, metadata={"help": "Outer SGD learning rate."})
+    outer_momentum: float = field(default=0.9, metadata={"help": "Outer SGD momentum."})
+    nesterov: bool = field(default=True, metadata={"help": "Use Nesterov momentum in the outer step."})
+    compression: str = field(
+        default="none", metadata={"help": "Exchanged tensor encoding: none, fp16 or int8 (per-chunk scale)."}
+    )
+    aggregator: str = field(
+        default="mean", metadata={"help": "Slice reducer: mean, or trimmed_mean (robust to outliers)."}
+    )
+    trim_fraction: float = field(
+        default=0.2, metadata={"help": "Fraction trimmed from each end by trimmed_mean, in [0, 0.5)."}
+    )
+    matchmaking_timeout_s: float = field(
+        default=5.0, metadata={"help": "Gather window: peers arriving within it form one group."}
+    )
+    allreduce_timeout_s: float = field(
+        default=60.0, metadata={"help": "Bound on the whole reduce-scatter + all-gather of one round."}
+    )
+    chunk_timeout_s: float = field(
+        default=10.0, metadata={"help": "Bound on moving any one 1 MiB chunk (or header) on a stream."}
+    )
+    commit_timeout_s: float = field(
+        default=5.0, metadata={"help": "Time after the all-reduce deadline for every member's commit vote."}
+    )
+    dht_timeout_s: float = field(
+        default=5.0,
+        metadata={
+            "help": "Bound on any single DHT get or store; keep it above hivemind's RPC wait_timeout "
+            "(3 s) so a read that meets a frozen DHT node still returns the other nodes' records."
+        },
+    )
+    state_timeout_s: float = field(
+        default=60.0, metadata={"help": "Bound on downloading the group's state when catching up."}
+    )
+    min_group_size: int = field(default=2, metadata={"help": "Fewest peers (self included) to sync with."})
+    max_group_size: int = field(default=64, metadata={"help": "Most peers in one sync group."})
+    poll_s: float = field(default=0.1, metadata={"help": "Interval between DHT polls while waiting."})
+    record_ttl_s: float = field(default=600.0, metadata={"help": "Lifetime of this peer's state record in the DHT."})
+
+    def __post_init__(self) -> None:
+        if self.sync_every < 1:
+            raise ValueError(f"sync_every={self.sync_every}; use at least 1 (typical: 100-500)")
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"compression={self.compression!r}; use one of {', '.join(COMPRESSIONS)}")
+        if self.aggregator not in AGGREGATORS:
+            raise ValueError(f"aggregator={self.aggregator!r}; use one of {', '.join(AGGREGATORS)}")
+        if not 0.0 <= self.trim_fraction < 0.5:
+            raise ValueError(f"trim_fraction={self.trim_fraction}; use a value in [0, 0.5), e.g. 0.2")
+        if not (math.isfinite(self.outer_lr) and self.outer_lr > 0):
+            raise ValueError(f"outer_lr={self.outer_lr}; use a positive number (DiLoCo: 0.7)")
+        if not 0.0 <= self.outer_momentum < 1.0:
+            raise ValueError(f"outer_momentum={self.outer_momentum}; use a value in [0, 1) (DiLoCo: 0.9)")
+        for name in (
+            "matchmaking_timeout_s",
+            "allreduce_timeout_s",
+            "chunk_timeout_s",
+            "commit_timeout_s",
+            "dht_timeout_s",
+            "state_timeout_s",
+            "poll_s",
+            "record_ttl_s",
+        ):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}={value}; use a positive number of seconds")
+        if self.allreduce_timeout_s < self.dht_timeout_s:
+            raise ValueError(
+                f"allreduce_timeout_s={self.allreduce_timeout_s} < dht_timeout_s={self.dht_timeout_s}; "
+                "raise allreduce_timeout_s (the documented time bound assumes A >= d)"
+            )
+        if self.min_group_size < 2:
+            raise ValueError(f"min_group_size={self.min_group_size}; use at least 2 (yourself and a peer)")
+        if self.max_group_size < self.min_group_size:
+            raise ValueError(f"max_group_size={self.max_group_size} < min_group_size={self.min_group_size}; raise it")
+
+    def max_sync_seconds(self) -> float:
+        """Upper bound on one ``sync_now`` (catch-up included); see :mod:`swarm.sync.outer`."""
+        d = self.dht_timeout_s
+        round_s = self.matchmaking_timeout_s + self.allreduce_timeout_s + max(self.commit_timeout_s, d)
+        return round_s + self.state_timeout_s + 6 * d + 1.0
+
+
+@dataclass
+class SyncReport:
+    """What one sync call did; :meth:`to_metrics` gives the JSONL metrics line."""
+
+    time: float
+    peer: str
+    revision: int
+    state_hash: str
+    committed: bool
+    group_size: int
+    reason: str
+    sync_s: float
+    bytes_sent: int
+    caught_up: bool = False
+    group_id: str = ""
+    allreduce_s: float = 0.0
+
+    def to_metrics(self) -> dict[str, Any]:
+        """The ``{"event": "sync", ...}`` metrics record."""
+        return {
+            "event": "sync",
+            "time": self.time,
+            "peer": self.peer,
+            "revision": self.revision,
+            "state_hash": self.state_hash,
+            "committed": self.committed,
+            "group_size": self.group_size,
+            "reason": self.reason,
+            "sync_s": round(self.sync_s, 4),
+            "bytes_sent": self.bytes_sent,
+            "caught_up": self.caught_up,
+            "group_id": self.group_id,
+            "allreduce_s": round(self.allreduce_s, 4),
+        }

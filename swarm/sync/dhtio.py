@@ -1,0 +1,215 @@
+"""Outer-sync records in the DHT: publish signed join / vote / state records, read and verify them.
+
+Every DHT call is bounded by ``dht_timeout_s`` (a failed read counts as "saw
+nothing", a failed store as "not published"); values are small signed
+records (< 1 KiB), far from the DHT's size limits (design.md 6.2-6.3).
+Waiting loops take the current time from the injected clock and leave the
+decisions to the pure functions of :mod:`swarm.sync.decide`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hivemind.utils.timed_storage import get_dht_time
+
+from swarm.membership import Membership
+from swarm.sync.allreduce import RoundPlan
+from swarm.sync.config import OuterSyncConfig
+from swarm.sync.decide import (
+    JOIN_FRACTION,
+    CommitDecision,
+    GroupDecision,
+    decide_commit,
+    decide_group,
+    earliest_open_window,
+)
+from swarm.sync.records import (
+    JOIN_KIND,
+    STATE_KIND,
+    VOTE_KIND,
+    JoinRecord,
+    Record,
+    StateRecord,
+    VoteRecord,
+    join_key,
+    open_records,
+    seal_record,
+    state_key,
+    vote_key,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class SyncRecords:
+    """This peer's view of the sync records of one (swarm, fingerprint)."""
+
+    def __init__(
+        self,
+        membership: Membership,
+        fingerprint: str,
+        cfg: OuterSyncConfig,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._m, self.fingerprint, self.cfg = membership, fingerprint, cfg
+        self._clock, self._sleep = clock, sleep
+        self.me = membership.peer_id
+        self.swarm_id = membership.cfg.swarm_id
+        self.revision = 0  # for log lines only
+        self._reported: set[str] = set()
+        self._published: tuple[int, str, float] = (-1, "", float("-inf"))
+
+    def _log(self, level: int, msg: str, *args: Any) -> None:
+        logger.log(level, "[%s r=%d] " + msg, self.me[-6:], self.revision, *args)
+
+    def _rejected(self, kind: str, reasons: list[str]) -> None:
+        """Log rejected records: WARNING the first time a reason is seen, DEBUG on every poll after."""
+        if not reasons:
+            return
+        new = [r for r in reasons if r not in self._reported]
+        if len(self._reported) > 256:
+            self._reported.clear()
+        self._reported.update(new)
+        level = logging.WARNING if new else logging.DEBUG
+        self._log(level, "rejected %d %s records: %s", len(reasons), kind, reasons[:3])
+
+    def _get(self, key: str) -> dict[Any, Any]:
+        dht = self._m.dht
+        if dht is None:
+            return {}
+        try:
+            found = dht.get(key, latest=True, return_future=True).result(timeout=self.cfg.dht_timeout_s)
+        except Exception as e:
+            self._log(logging.WARNING, "DHT read failed: %s", type(e).__name__)
+            return {}
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        return {sk: v.value for sk, v in found.value.items()}
+
+    def _store(self, key: str, kind: str, record: Record, ttl: float) -> bool:
+        dht = self._m.dht
+        if dht is None:
+            return False
+        value = seal_record(kind, record, self._m.identity.key)
+        expiration = get_dht_time() + ttl
+        try:
+            fut = dht.store(key, value, expiration, subkey=self.me, return_future=True)
+            return bool(fut.result(timeout=self.cfg.dht_timeout_s))
+        except Exception as e:
+            self._log(logging.WARNING, "DHT store of a %s record failed: %s", kind, type(e).__name__)
+            return False
+
+    # ---- state records ------------------------------------------------------------------------
+
+    def publish_state(self, revision: int, state_hash: str) -> bool:
+        """Announce (revision, state hash) after every commit or catch-up."""
+        self.revision = revision
+        record = StateRecord(self.me, self.fingerprint, revision, state_hash, float(self._clock()))
+        key = state_key(self.swarm_id, self.fingerprint)
+        stored = self._store(key, STATE_KIND, record, self.cfg.record_ttl_s)
+        if stored:
+            self._published = (revision, state_hash, record.created)
+        return stored
+
+    def refresh_state(self, revision: int, state_hash: str) -> None:
+        """Re-publish the state record once half its lifetime has passed (or if it never got out)."""
+        last_rev, last_hash, created = self._published
+        stale = self._clock() - created > self.cfg.record_ttl_s / 2
+        if stale or (last_rev, last_hash) != (revision, state_hash):
+            self.publish_state(revision, state_hash)
+
+    def read_states(self) -> dict[str, StateRecord]:
+        """Verified state records of this architecture, by peer."""
+        fp = self.fingerprint
+        raw = self._get(state_key(self.swarm_id, fp))
+        kept, rejected = open_records(
+            raw,
+            STATE_KIND,
+            StateRecord.from_wire,
+            lambda r: None if r.fingerprint == fp else "other fingerprint",
+            self._clock(),
+        )
+        self._rejected(STATE_KIND, rejected)
+        return kept
+
+    # ---- matchmaking --------------------------------------------------------------------------
+
+    def _read_joins(self, key: str, revision: int, state_hash: str) -> dict[str, JoinRecord]:
+        fp = self.fingerprint
+
+        def expect(r: JoinRecord) -> str | None:
+            ok = (r.fingerprint, r.revision, r.state_hash) == (fp, revision, state_hash)
+            return None if ok else "other fingerprint, revision or state"
+
+        kept, rejected = open_records(self._get(key), JOIN_KIND, JoinRecord.from_wire, expect, self._clock())
+        self._rejected(JOIN_KIND, rejected)
+        return kept
+
+    def _join(self, key: str, revision: int, state_hash: str, window: float) -> JoinRecord:
+        record = JoinRecord(self.me, self.fingerprint, revision, state_hash, float(window), float(self._clock()))
+        cfg = self.cfg
+        self._store(key, JOIN_KIND, record, cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s + 30.0)
+        return record
+
+    def matchmake(self, revision: int, state_hash: str) -> GroupDecision:
+        """Join (or open) the earliest open gather window and wait for it to close."""
+        self.revision = revision
+        m_s = self.cfg.matchmaking_timeout_s
+        key = join_key(self.swarm_id, self.fingerprint, revision, state_hash, self.cfg.compression)
+        seen = self._read_joins(key, revision, state_hash)
+        window = earliest_open_window(seen, self._clock(), m_s)
+        mine = self._join(key, revision, state_hash, self._clock() if window is None else window)
+        while True:
+            start = self._clock()
+            seen = {**self._read_joins(key, revision, state_hash), self.me: mine}
+            earlier = earliest_open_window(seen, start, m_s)
+            if earlier is not None and earlier < mine.window_start and start < earlier + JOIN_FRACTION * m_s:
+                self._log(logging.DEBUG, "switching to the earlier window %.3f", earlier)
+                mine = self._join(key, revision, state_hash, earlier)
+                seen[self.me] = mine
+            decision = decide_group(seen, start, self.cfg, self.me)
+            if decision.status != "gather":
+                return decision
+            wait = min(self.cfg.poll_s, mine.window_start + m_s - self._clock())
+            self._sleep(max(0.0, wait))
+
+    # ---- commit vote --------------------------------------------------------------------------
+
+    def vote(self, plan: RoundPlan, digest: str) -> bool:
+        """Publish this member's vote: the assembled average's digest, or "abort"."""
+        record = VoteRecord(self.me, self.fingerprint, plan.revision, plan.group_id, digest, float(self._clock()))
+        key = vote_key(self.swarm_id, self.fingerprint, plan.group_id)
+        cfg = self.cfg
+        return self._store(key, VOTE_KIND, record, cfg.allreduce_timeout_s + cfg.commit_timeout_s + 30.0)
+
+    def read_votes(self, plan: RoundPlan) -> dict[str, VoteRecord]:
+        """Verified votes of ``plan``'s round (other groups' or revisions' votes are refused)."""
+        fp = self.fingerprint
+
+        def expect(r: VoteRecord) -> str | None:
+            ok = (r.fingerprint, r.revision, r.group_id) == (fp, plan.revision, plan.group_id)
+            return None if ok else "vote of another round"
+
+        raw = self._get(vote_key(self.swarm_id, fp, plan.group_id))
+        kept, rejected = open_records(raw, VOTE_KIND, VoteRecord.from_wire, expect, self._clock())
+        self._rejected(VOTE_KIND, rejected)
+        return kept
+
+    def await_commit(self, plan: RoundPlan, deadline: float) -> CommitDecision:
+        """Poll the votes until :func:`decide_commit` decides; the last read begins by ``deadline``."""
+        while True:
+            start = self._clock()
+            votes = self.read_votes(plan)
+            verdict = decide_commit({p: r.digest for p, r in votes.items()}, plan.members, start, deadline)
+            if verdict.commit is not None:
+                return verdict
+            left = deadline - self._clock()
+            if left <= 0:
+                return CommitDecision(False, "commit timeout")
+            # aim the last read a little before the deadline, so scheduling jitter cannot push it past
+            self._sleep(min(self.cfg.poll_s, max(0.0, left - 0.02)))

@@ -1,0 +1,30 @@
+"""Named failures of outer sync (re-exported by :mod:`swarm.sync`)."""
+
+from __future__ import annotations
+
+from swarm.sync.config import SyncAborted
+
+
+class BadBytes(SyncAborted):
+    """Received (or about to send) bytes of the wrong size or with non-finite values."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"bad bytes: {detail}")
+
+
+class GroupMismatch(SyncAborted):
+    """A message named another group id, revision or slice than this member expects."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"group mismatch: {detail}")
+
+
+class StateDownloadFailed(SyncAborted):
+    """No donor served state that matched the target revision and hash."""
+
+
+class PeerLost(SyncAborted):
+    """A peer closed its stream (crashed, killed, or gave up on the round)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"peer lost: {detail}")

@@ -1,0 +1,272 @@
+"""Fault-tolerant DiLoCo outer sync: never half-applied, never hung.
+
+One round, on every member (M, A, C, S, d = matchmaking_timeout_s,
+allreduce_timeout_s, commit_timeout_s, state_timeout_s, dht_timeout_s):
+
+1. Catch-up: read the state records of this architecture; if this peer is
+   behind the highest revision or off the majority hash there, download
+   (anchor, momentum, revision) from a peer at the target, verify the hash,
+   and reset the model to the anchor (:func:`decide_catch_up`).
+2. Matchmaking: signed join records under (fingerprint, revision, state
+   hash), so only peers sharing the same history meet; a gather window
+   opened at ``w`` closes at ``w + M`` (:func:`decide_group`). Group id =
+   hash of the sorted members; fewer than ``min_group_size`` -> "no partner".
+3. All-reduce by ``w + M + A``: reduce-scatter + all-gather of the reducers'
+   exact bytes (:mod:`swarm.sync.allreduce`).
+4. Commit vote: each member publishes a signed digest of (group id,
+   revision, every slice's bytes), or "abort"; apply only if all members
+   voted the same digest, seen by a read begun by ``D = w + M + A + C``
+   (:func:`decide_commit`). Then revision += 1, and a signed (revision,
+   state hash) record is published.
+
+Time bound. All deadlines are absolute from ``w``, and ``w`` is at most the
+time this peer first read the join key, so a stalled or dead peer cannot
+push anyone's deadlines. One ``sync_now`` returns within
+
+    T_max = M + A + max(C, d) + S + 6 d   (+ local O(params) compute)
+
+Counted with every DHT call taking its full d: the catch-up check refreshes
+and reads the state records (2 d) and, when it runs, downloads within S and
+stores the new state record (d); the round's first join read (d) fixes w;
+from w: the window M, the all-reduce ends by ``w + M + A`` (a late group
+decision, with the join store and last group read overrunning the window by
+up to 2 d, only shortens it; A >= d is enforced so the abort path fits too),
+the last vote read begins by ``w + M + A + max(C, d)`` and takes up to d,
+and the state store after a commit up to d.
+``OuterSyncConfig.max_sync_seconds`` computes it (adding 1 s for compute).
+
+Residual risk (documented, repaired): if a member's last vote read misses a
+vote that another member's earlier read saw (DHT replicas out of step), or a
+member stalled past ``D``, that member discards while others commit. It is
+then behind the group's revision, and step 1 makes it download the state
+before its next sync, so no one ever averages a diverged history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from swarm.fingerprint import model_fingerprint
+from swarm.membership import Membership
+from swarm.sync.allreduce import Hook, RoundPlan, Snapshot, SyncService
+from swarm.sync.config import OuterSyncConfig, SyncAborted, SyncReport
+from swarm.sync.decide import GroupDecision, decide_catch_up
+from swarm.sync.dhtio import SyncRecords
+from swarm.sync.errors import StateDownloadFailed
+from swarm.sync.records import ABORT_DIGEST
+from swarm.sync.tensors import decode, flatten, load_flat, outer_step, state_hash
+
+logger = logging.getLogger(__name__)
+
+
+class OuterSync:
+    """DiLoCo outer sync of ``module`` with the peers of the same fingerprint.
+
+    The anchor starts as the module's current weights (revision 0, zero
+    momentum). Call :meth:`maybe_sync` after every inner step; always :meth:`close`.
+    ``hook`` is a test seam for fault injection (see :data:`swarm.sync.allreduce.Hook`).
+    """
+
+    def __init__(
+        self,
+        membership: Membership,
+        module: torch.nn.Module,
+        cfg: OuterSyncConfig,
+        clock: Callable[[], float] = time.time,
+        hook: Hook | None = None,
+    ) -> None:
+        self.cfg, self.module, self._clock, self._hook = cfg, module, clock, hook
+        self.peer_id = membership.peer_id
+        self.fingerprint = model_fingerprint(module)
+        self._membership = membership
+        anchor = flatten(module)
+        momentum = torch.zeros_like(anchor)
+        self._snap = Snapshot(0, state_hash(anchor, momentum), anchor, momentum)
+        self._records = SyncRecords(membership, self.fingerprint, cfg, clock)
+        name = f"{membership.cfg.swarm_id}.sync.{self.fingerprint}"
+        self._service = SyncService(
+            membership.p2p,
+            name,
+            self.peer_id,
+            cfg.chunk_timeout_s,
+            lambda: self._snap,
+            clock,
+            hook,
+            register_timeout=cfg.allreduce_timeout_s,
+        )
+        membership.run(self._service.start(), cfg.dht_timeout_s)
+        self._closed = False
+        self._records.publish_state(self._snap.revision, self._snap.state_hash)
+        self._log(logging.INFO, "outer sync ready: fingerprint %s, %d parameters", self.fingerprint, anchor.numel())
+
+    @property
+    def revision(self) -> int:
+        """Committed outer rounds in this peer's history (advances by exactly 1 per commit)."""
+        return self._snap.revision
+
+    @property
+    def state_hash(self) -> str:
+        """sha256 hex of the anchor and outer momentum."""
+        return self._snap.state_hash
+
+    def _log(self, level: int, msg: str, *args: Any) -> None:
+        logger.log(level, "[%s r=%d] " + msg, self.peer_id[-6:], self._snap.revision, *args)
+
+    def maybe_sync(self, inner_step: int) -> SyncReport | None:
+        """Sync if ``inner_step`` is a positive multiple of ``sync_every``; else None."""
+        if inner_step <= 0 or inner_step % self.cfg.sync_every:
+            return None
+        return self.sync_now()
+
+    def sync_now(self) -> SyncReport:
+        """Catch up if needed, then run one round; never raises SyncAborted (see the report).
+
+        A failed catch-up is logged and the round runs at the current state:
+        it can only meet peers with the same (revision, state hash).
+        """
+        if self._closed:
+            raise RuntimeError("OuterSync is closed")
+        t0 = self._clock()
+        try:
+            caught_up = self._maybe_catch_up()
+        except SyncAborted as e:
+            # Safe to go on: join keys carry (revision, state hash), so this peer can only
+            # meet peers with exactly its history. A peer claiming a revision it cannot serve
+            # must not stop everyone else from syncing.
+            self._log(logging.WARNING, "catch-up failed (%s); syncing at the current state", e.reason)
+            caught_up = False
+        try:
+            return self._round(t0, weight=0 if caught_up else 1, caught_up=caught_up)
+        except SyncAborted as e:
+            self._log(logging.WARNING, "round aborted: %s", e.reason)
+            return self._report(t0, False, 0, e.reason, 0, caught_up)
+
+    def _report(
+        self, t0: float, committed: bool, size: int, reason: str, sent: int, caught_up: bool = False, gid: str = ""
+    ) -> SyncReport:
+        now = self._clock()
+        snap = self._snap
+        return SyncReport(
+            now, self.peer_id, snap.revision, snap.state_hash, committed, size, reason, now - t0, sent, caught_up, gid
+        )
+
+    # ---- catch-up -----------------------------------------------------------------------------
+
+    def _maybe_catch_up(self) -> bool:
+        snap = self._snap
+        self._records.refresh_state(snap.revision, snap.state_hash)
+        states = self._records.read_states()
+        target = decide_catch_up(states, snap.revision, snap.state_hash, self.peer_id)
+        if target is None:
+            return False
+        self._log(logging.INFO, "behind or diverged: catching up to r=%d %s", target.revision, target.state_hash[:8])
+        end = self._clock() + self.cfg.state_timeout_s
+        for donor in target.donors:
+            left = end - self._clock()
+            if left <= 0:
+                break
+            try:
+                got = self._membership.run(self._service.fetch_state(donor, snap.anchor.numel(), left), left + 1)
+            except Exception as e:
+                self._log(logging.WARNING, "state download from %s failed: %s", donor[-6:], e)
+                continue
+            if got.revision < target.revision or (
+                got.revision == target.revision and got.state_hash != target.state_hash
+            ):
+                self._log(logging.WARNING, "donor %s moved off the target; trying another", donor[-6:])
+                continue
+            self._install(got)
+            self._log(logging.INFO, "caught up from %s: %s", donor[-6:], got.state_hash[:8])
+            return True
+        raise StateDownloadFailed("no donor served the target state")
+
+    def _install(self, snap: Snapshot) -> None:
+        self._snap = snap
+        load_flat(self.module, snap.anchor)
+        self._records.publish_state(snap.revision, snap.state_hash)
+
+    # ---- one round ----------------------------------------------------------------------------
+
+    def _round(self, t0: float, weight: int, caught_up: bool) -> SyncReport:
+        snap = self._snap
+        decision = self._records.matchmake(snap.revision, snap.state_hash)
+        if decision.status != "ready":
+            self._log(logging.INFO, "%s (window %.2f)", decision.status, decision.window_start)
+            return self._report(t0, False, len(decision.members), decision.status, 0, caught_up)
+        plan = self._plan(decision, snap)
+        if self._hook is not None:
+            self._hook("matchmade", snap.revision)
+        deadline = plan.deadline + self.cfg.commit_timeout_s
+        t_ar = self._clock()
+        try:
+            average, digest, sent = self._allreduce(plan, snap, weight)
+        except SyncAborted as e:
+            self._records.vote(plan, ABORT_DIGEST)
+            self._log(logging.WARNING, "all-reduce failed: %s; discarding the round", e.reason)
+            return self._report(t0, False, len(plan.members), e.reason, 0, caught_up, plan.group_id)
+        allreduce_s = self._clock() - t_ar
+        self._records.vote(plan, digest)
+        if self._hook is not None:
+            self._hook("voted", snap.revision)
+        verdict = self._records.await_commit(plan, deadline)
+        if not verdict.commit:
+            self._log(logging.WARNING, "not committed: %s; keeping local weights", verdict.reason)
+            return self._report(t0, False, len(plan.members), verdict.reason, sent, caught_up, plan.group_id)
+        self._apply(average)
+        self._log(logging.INFO, "committed group %s: state %s", plan.group_id[:8], self._snap.state_hash[:8])
+        report = self._report(t0, True, len(plan.members), "committed", sent, caught_up, plan.group_id)
+        report.allreduce_s = allreduce_s
+        return report
+
+    def _plan(self, decision: GroupDecision, snap: Snapshot) -> RoundPlan:
+        cfg = self.cfg
+        plan = RoundPlan(
+            decision.group_id,
+            snap.revision,
+            decision.members,
+            snap.anchor.numel(),
+            cfg.compression,
+            cfg.aggregator,
+            cfg.trim_fraction,
+            decision.window_start + cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s,
+        )
+        short = [m[-6:] for m in plan.members]
+        self._log(logging.INFO, "group %s of %d: %s", plan.group_id[:8], len(plan.members), short)
+        return plan
+
+    def _allreduce(self, plan: RoundPlan, snap: Snapshot, weight: int) -> tuple[torch.Tensor, str, int]:
+        pseudo = snap.anchor - flatten(self.module)
+        timeout = max(0.1, plan.deadline - self._clock()) + 2.0
+        try:
+            result = self._membership.run(self._service.allreduce(plan, pseudo, weight), timeout)
+        except TimeoutError:
+            raise SyncAborted("all-reduce timeout") from None
+        h = hashlib.sha256(f"{plan.group_id}|{plan.revision}|{plan.compression}".encode())
+        pieces = []
+        for (lo, hi), data in zip(plan.bounds(), result.slices, strict=True):
+            h.update(hashlib.sha256(data).digest())
+            pieces.append(decode(data, hi - lo, plan.compression))
+        return torch.cat(pieces), h.hexdigest(), result.bytes_sent
+
+    def _apply(self, average: torch.Tensor) -> None:
+        snap, cfg = self._snap, self.cfg
+        anchor, momentum = outer_step(
+            snap.anchor, snap.momentum, average, cfg.outer_lr, cfg.outer_momentum, cfg.nesterov
+        )
+        self._install(Snapshot(snap.revision + 1, state_hash(anchor, momentum), anchor, momentum))
+
+    def close(self) -> None:
+        """Stop serving (bounded by ``dht_timeout_s``); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._membership.run(self._service.stop(), self.cfg.dht_timeout_s)
+        except Exception as e:
+            self._log(logging.DEBUG, "stopping the sync service: %s", e)

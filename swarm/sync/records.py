@@ -1,0 +1,190 @@
+"""Small signed DHT records of outer sync: join, commit vote, and state.
+
+Each record names its signer (``peer``) and is sealed with
+:func:`protocol.signing.seal`, so a reader verifies that the peer it names
+signed it, whatever the DHT returns. Readers also check the record against
+its *context* (the key it was read from: fingerprint, revision, group id) and
+that it sits under its signer's own subkey, so a genuine record cannot be
+replayed under another key, another revision or another peer's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+from protocol import limits
+from protocol.errors import MessageRejected
+from protocol.schema import _fields, _ident, _time
+from protocol.signing import SigningKey, open_envelope, seal
+
+JOIN_KIND = "sync-join"
+VOTE_KIND = "sync-vote"
+STATE_KIND = "sync-state"
+MAX_RECORD_BYTES = 1024
+ABORT_DIGEST = "abort"
+_HEX = frozenset("0123456789abcdef")
+
+
+def _hex(value: str, length: int, what: str) -> None:
+    if len(value) != length or not set(value) <= _HEX:
+        raise MessageRejected(f"{what}: expected {length} lowercase hex characters")
+
+
+def _common(d: dict[str, Any], what: str) -> None:
+    if d["version"] != limits.PROTOCOL_VERSION:
+        raise MessageRejected(f"{what}: unsupported protocol version {d['version']}")
+    _ident(d["peer"], f"{what}.peer")
+    _hex(d["fingerprint"], 16, f"{what}.fingerprint")
+    if not 0 <= d["revision"] < 2**62:
+        raise MessageRejected(f"{what}.revision: must be in [0, 2^62)")
+    _time(d["created"], f"{what}.created")
+
+
+_BASE = {"version": int, "peer": str, "fingerprint": str, "revision": int, "created": float}
+
+
+@dataclass(frozen=True)
+class JoinRecord:
+    """ "I want to average at (revision, state_hash) in the gather window opened at window_start"."""
+
+    peer: str
+    fingerprint: str
+    revision: int
+    state_hash: str
+    window_start: float
+    created: float
+    version: int = limits.PROTOCOL_VERSION
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> JoinRecord:
+        d = _fields(obj, JOIN_KIND, {**_BASE, "state_hash": str, "window_start": float})
+        _common(d, JOIN_KIND)
+        _hex(d["state_hash"], 64, f"{JOIN_KIND}.state_hash")
+        _time(d["window_start"], f"{JOIN_KIND}.window_start")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class VoteRecord:
+    """A member's commit vote: the digest of what it assembled, or ``"abort"``."""
+
+    peer: str
+    fingerprint: str
+    revision: int
+    group_id: str
+    digest: str
+    created: float
+    version: int = limits.PROTOCOL_VERSION
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> VoteRecord:
+        d = _fields(obj, VOTE_KIND, {**_BASE, "group_id": str, "digest": str})
+        _common(d, VOTE_KIND)
+        _hex(d["group_id"], 32, f"{VOTE_KIND}.group_id")
+        if d["digest"] != ABORT_DIGEST:
+            _hex(d["digest"], 64, f"{VOTE_KIND}.digest")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class StateRecord:
+    """ "After revision ``revision`` my anchor + outer momentum hash to ``state_hash``"."""
+
+    peer: str
+    fingerprint: str
+    revision: int
+    state_hash: str
+    created: float
+    version: int = limits.PROTOCOL_VERSION
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> StateRecord:
+        d = _fields(obj, STATE_KIND, {**_BASE, "state_hash": str})
+        _common(d, STATE_KIND)
+        _hex(d["state_hash"], 64, f"{STATE_KIND}.state_hash")
+        return cls(**d)
+
+
+Record = JoinRecord | VoteRecord | StateRecord
+R = TypeVar("R", JoinRecord, VoteRecord, StateRecord)
+_PARSERS: dict[str, Callable[[Any], Any]] = {
+    JOIN_KIND: JoinRecord.from_wire,
+    VOTE_KIND: VoteRecord.from_wire,
+    STATE_KIND: StateRecord.from_wire,
+}
+KINDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
+    kind: (parse, lambda r: r.peer) for kind, parse in _PARSERS.items()
+}
+"""``kind -> (parse, signer)``, the shape a signed-record DHT validator takes."""
+
+
+def seal_record(kind: str, record: Record, key: SigningKey) -> bytes:
+    """Sign ``record`` as ``kind``; refuses a record that names another signer."""
+    if record.peer != key.peer_id:
+        raise ValueError("record.peer must be the signing key's peer id")
+    return seal(kind, record, key)
+
+
+def open_record(data: bytes, kind: str, parse: Callable[[Any], R]) -> R:
+    """Size-check, decode, validate and verify one sealed record (MessageRejected if not)."""
+    return open_envelope(data, kind, MAX_RECORD_BYTES, parse, lambda r: r.peer)
+
+
+def open_records(
+    raw: Mapping[Any, Any],
+    kind: str,
+    parse: Callable[[Any], R],
+    expect: Callable[[R], str | None],
+    now: float,
+) -> tuple[dict[str, R], list[str]]:
+    """Open every ``subkey -> sealed bytes`` entry; keep the valid ones by signer.
+
+    A record is kept only if its signature verifies, it sits under its
+    signer's subkey, it is not from the future (beyond clock skew), and
+    ``expect(record)`` (the context check) returns None. Returns the kept
+    records and one reason per rejected entry.
+    """
+    kept: dict[str, R] = {}
+    rejected: list[str] = []
+    for subkey, value in raw.items():
+        try:
+            if not isinstance(value, bytes):
+                raise MessageRejected(f"{kind}: value is not bytes")
+            record = open_record(value, kind, parse)
+            if subkey != record.peer:
+                raise MessageRejected(f"{kind}: stored under another peer's subkey")
+            if record.created > now + limits.MAX_CLOCK_SKEW_S:
+                raise MessageRejected(f"{kind}: created in the future")
+            problem = expect(record)
+            if problem is not None:
+                raise MessageRejected(f"{kind}: {problem}")
+            kept[record.peer] = record
+        except MessageRejected as e:
+            rejected.append(e.reason)
+    return kept, rejected
+
+
+def join_key(swarm_id: str, fingerprint: str, revision: int, state_hash: str, compression: str = "none") -> str:
+    """Where peers at one (architecture, revision, state, wire encoding) meet to form groups."""
+    return f"{swarm_id}:sync:{fingerprint}:join:{revision}:{state_hash[:16]}:{compression}"
+
+
+def vote_key(swarm_id: str, fingerprint: str, group_id: str) -> str:
+    """Where the members of one group publish their commit votes."""
+    return f"{swarm_id}:sync:{fingerprint}:vote:{group_id}"
+
+
+def state_key(swarm_id: str, fingerprint: str) -> str:
+    """Where every peer of one architecture publishes its (revision, state hash)."""
+    return f"{swarm_id}:sync:{fingerprint}:state"

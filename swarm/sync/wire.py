@@ -1,0 +1,82 @@
+"""Framing on P2P binary streams: a small msgpack header, then a raw payload moved in 1 MiB chunks.
+
+Frame: 4-byte big-endian header length, msgpack header map (<= 4 KiB) with a
+``size`` field, then exactly ``size`` payload bytes. Every header and every
+chunk is read and written under a timeout, so a silent or stalled peer costs
+at most ``chunk_timeout`` per chunk (and callers bound the whole exchange).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from protocol import codec
+from protocol.errors import MessageRejected
+from swarm.sync.config import SyncAborted
+from swarm.sync.errors import BadBytes, PeerLost
+
+MAX_HEADER_BYTES = 4096
+CHUNK_BYTES = 1 << 20
+
+
+async def write_frame(
+    writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes, chunk_timeout: float
+) -> int:
+    """Write one frame; return the number of bytes written."""
+    head = codec.pack({**header, "size": len(payload)})
+    if len(head) > MAX_HEADER_BYTES:
+        raise ValueError(f"frame header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}")
+    writer.write(len(head).to_bytes(4, "big") + head)
+    await asyncio.wait_for(writer.drain(), chunk_timeout)
+    view = memoryview(payload)
+    for start in range(0, len(view), CHUNK_BYTES):
+        writer.write(view[start : start + CHUNK_BYTES])
+        await asyncio.wait_for(writer.drain(), chunk_timeout)
+    return 4 + len(head) + len(payload)
+
+
+async def read_header(reader: asyncio.StreamReader, timeout: float) -> dict[str, Any]:
+    """Read one frame header (BadBytes if malformed or oversized)."""
+    try:
+        raw_len = await asyncio.wait_for(reader.readexactly(4), timeout)
+        n = int.from_bytes(raw_len, "big")
+        if n > MAX_HEADER_BYTES:
+            raise BadBytes(f"frame header of {n} bytes exceeds {MAX_HEADER_BYTES}")
+        header = codec.unpack(await asyncio.wait_for(reader.readexactly(n), timeout), MAX_HEADER_BYTES)
+    except asyncio.IncompleteReadError:
+        raise PeerLost("stream closed before a frame header") from None
+    except MessageRejected as e:
+        raise BadBytes(e.reason) from None
+    if not isinstance(header, dict) or not isinstance(header.get("size"), int) or header["size"] < 0:
+        raise BadBytes("frame header is not a map with a size")
+    return header
+
+
+async def read_payload(reader: asyncio.StreamReader, size: int, chunk_timeout: float) -> bytes:
+    """Read exactly ``size`` payload bytes, chunk by chunk, each under ``chunk_timeout``."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    try:
+        while got < size:
+            n = min(CHUNK_BYTES, size - got)
+            view[got : got + n] = await asyncio.wait_for(reader.readexactly(n), chunk_timeout)
+            got += n
+    except asyncio.IncompleteReadError:
+        raise PeerLost(f"stream closed after {got} of {size} payload bytes") from None
+    return bytes(buf)
+
+
+async def send_error(writer: asyncio.StreamWriter, reason: str, chunk_timeout: float) -> None:
+    """Best effort: tell the other side why, then give up quietly."""
+    try:
+        await write_frame(writer, {"ok": False, "error": reason[:200]}, b"", chunk_timeout)
+    except Exception:
+        pass
+
+
+def check_ok(header: dict[str, Any]) -> None:
+    """Raise the remote side's error if its reply header says it failed."""
+    if header.get("ok") is not True:
+        raise SyncAborted(f"peer refused: {str(header.get('error', 'no reason'))[:200]}")

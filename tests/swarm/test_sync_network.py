@@ -1,0 +1,182 @@
+"""Outer sync over real hivemind processes on 127.0.0.1, with real SIGKILL / SIGSTOP faults.
+
+Every test ends by checking the survivors' state: equal state hashes wherever
+the protocol promises equality. Timeouts are small (tests/sync_worker.py:
+matchmaking 1.5 s, all-reduce 4 s, commit 2 s, DHT 4 s, state 6 s).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hivemind.utils.timed_storage import get_dht_time
+
+from protocol import SigningKey
+from protocol.signing import seal
+from swarm.identity import load_or_create
+from swarm.membership import Membership, MembershipConfig
+from swarm.sync.records import JOIN_KIND, STATE_KIND, JoinRecord, StateRecord, join_key, state_key
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ is not a package
+
+from faults import FaultSwarm, Peer, fault_swarm_fixture, final_state, hashes_by_revision  # noqa: F401
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(150)]
+
+
+def _assert_within_bound(peers: list[Peer]) -> None:
+    for p in peers:
+        bound = p.info["bound_s"]
+        for r in p.syncs():
+            assert r["sync_s"] <= bound, (p.name, r)
+
+
+def _assert_one_hash_per_revision(peers: list[Peer]) -> None:
+    for revision, hashes in hashes_by_revision(peers).items():
+        assert len(hashes) == 1, f"revision {revision} has {len(hashes)} different states"
+
+
+def test_three_peers_sync_three_times(fault_swarm: FaultSwarm) -> None:
+    peers = fault_swarm.start_many({n: ("--steps", "12") for n in "abc"})
+    fault_swarm.go()
+    finals = [final_state(p, 60.0) for p in peers]
+    for p in peers:
+        syncs = p.syncs()
+        assert [s["committed"] for s in syncs] == [True, True, True], syncs
+        assert [s["revision"] for s in syncs] == [1, 2, 3]
+        assert all(s["group_size"] == 3 and s["bytes_sent"] > 0 for s in syncs)
+    _assert_one_hash_per_revision(peers)
+    assert len({(f["revision"], f["state_hash"]) for f in finals}) == 1
+    _assert_within_bound(peers)
+
+
+def _step(peer: Peer, step: int) -> dict:
+    return next(r for r in peer.syncs() if r["step"] == step)
+
+
+def _assert_agree(reports: list[dict]) -> None:
+    """Survivors of one round either all committed the same state or all discarded."""
+    assert len({r["committed"] for r in reports}) == 1, reports
+    if reports[0]["committed"]:
+        assert len({(r["revision"], r["state_hash"]) for r in reports}) == 1, reports
+
+
+def _committed_after(peers: list[Peer], step: int, size: int) -> set[tuple[int, str]]:
+    """(revision, state hash) of every commit with ``size`` members after ``step``, for each peer."""
+    per_peer = [
+        {(r["revision"], r["state_hash"]) for r in p.syncs() if r["step"] > step and r["committed"]}
+        for p in peers
+        if all(r["group_size"] == size for r in p.syncs() if r["step"] > step and r["committed"])
+    ]
+    assert len(per_peer) == len(peers), "a later round had an unexpected group size"
+    return set.intersection(*per_peer)
+
+
+def test_sigkill_during_allreduce(fault_swarm: FaultSwarm) -> None:
+    """c stops itself right after reducing its slice in round 2 and is SIGKILLed there."""
+    specs: dict[str, tuple[str, ...]] = {n: ("--steps", "16") for n in "ab"}
+    specs["c"] = ("--steps", "16", "--fault", "reduced:1:stop")
+    a, b, c = fault_swarm.start_many(specs)
+    fault_swarm.go()
+    c.wait_for(lambda r: r.get("event") == "phase", 30.0, "the fault")
+    c.kill()
+    finals = [final_state(p, 60.0) for p in (a, b)]
+    assert all(_step(p, 4)["committed"] and _step(p, 4)["group_size"] == 3 for p in (a, b))
+    _assert_agree([_step(a, 8), _step(b, 8)])
+    assert _committed_after([a, b], 8, size=2), "no round committed without the dead peer"
+    _assert_one_hash_per_revision([a, b, c])
+    assert finals[0]["state_hash"] == finals[1]["state_hash"]
+    _assert_within_bound([a, b])
+
+
+def test_sigstop_mid_round_then_catch_up(fault_swarm: FaultSwarm) -> None:
+    """c freezes (its whole process group, DHT node included) after sending its parts.
+
+    The survivors finish or abort that round within the bound and go on as a
+    pair; after SIGCONT, c downloads the group's state and ends with its hash.
+    """
+    specs: dict[str, tuple[str, ...]] = {n: ("--steps", "24") for n in "ab"}
+    specs["c"] = ("--steps", "36", "--fault", "sent:1:stop")
+    a, b, c = fault_swarm.start_many(specs)
+    fault_swarm.go()
+    c.wait_for(lambda r: r.get("event") == "phase", 30.0, "the fault")
+    c.stop()
+    for p in (a, b):
+        p.wait_for(lambda r: r.get("revision", 0) >= 2 and r.get("committed") is True, 45.0, "a later commit")
+    _assert_agree([_step(a, 8), _step(b, 8)])
+    _assert_within_bound([a, b])
+    c.cont()
+    finals = [final_state(p, 90.0) for p in (a, b, c)]
+    group = hashes_by_revision([a, b])
+    caught = [r for r in c.syncs() if r["caught_up"]]
+    assert caught, c.syncs()
+    assert caught[0]["state_hash"] in group[caught[0]["revision"]]
+    # c trains longest and catches up at every sync: it ends at the survivors' newest state
+    newest = max(finals[:2], key=lambda f: f["revision"])
+    assert (finals[2]["revision"], finals[2]["state_hash"]) == (newest["revision"], newest["state_hash"])
+    _assert_one_hash_per_revision([a, b, c])
+
+
+def test_late_joiner_catches_up(fault_swarm: FaultSwarm) -> None:
+    peers = fault_swarm.start_many(
+        {
+            **{n: ("--steps", "24") for n in "abc"},
+            "late": ("--steps", "8", "--go-file", str(fault_swarm.root / "go-late")),
+        }
+    )
+    a, late = peers[0], peers[3]
+    fault_swarm.go()
+    a.wait_for(lambda r: r.get("revision") == 2 and r.get("committed") is True, 40.0, "revision 2")
+    (fault_swarm.root / "go-late").touch()
+    first = late.wait_for(lambda r: r.get("event") == "sync", 30.0, "the late joiner's first sync")
+    finals = [final_state(p, 60.0) for p in peers[:3]]
+    assert first["caught_up"] and first["revision"] >= 2, first
+    group = hashes_by_revision(peers[:3])
+    assert first["state_hash"] in group[first["revision"]], (first, group)
+    _assert_one_hash_per_revision(peers)
+    assert len({f["state_hash"] for f in finals}) == 1
+    _assert_within_bound(peers)
+
+
+def test_two_architectures_form_two_groups(fault_swarm: FaultSwarm) -> None:
+    wide, narrow = ("--steps", "8", "--arch", "32,32,8"), ("--steps", "8", "--arch", "16,24,8")
+    peers = fault_swarm.start_many({"w1": wide, "w2": wide, "n1": narrow, "n2": narrow})
+    fault_swarm.go()
+    finals = {p.name: final_state(p, 60.0) for p in peers}
+    assert peers[0].info["fingerprint"] == peers[1].info["fingerprint"] != peers[2].info["fingerprint"]
+    for p in peers:
+        assert [(s["committed"], s["group_size"]) for s in p.syncs()] == [(True, 2), (True, 2)], p.syncs()
+    assert finals["w1"]["state_hash"] == finals["w2"]["state_hash"]
+    assert finals["n1"]["state_hash"] == finals["n2"]["state_hash"]
+    assert {s["group_id"] for s in peers[0].syncs()}.isdisjoint({s["group_id"] for s in peers[2].syncs()})
+    _assert_one_hash_per_revision(peers[:2])
+    _assert_one_hash_per_revision(peers[2:])
+
+
+def test_forged_records_are_rejected(fault_swarm: FaultSwarm) -> None:
+    """Mallory overwrites the peers' state records with forged ones claiming revision 50,
+    and slips a forged join record for a peer that does not exist into their gather window.
+    Both peers must ignore all of it: no catch-up, and a group of exactly the two of them."""
+    a, b = fault_swarm.start_many({n: ("--steps", "8") for n in "ab"})
+    fp, h0 = a.info["fingerprint"], a.info["state_hash"]
+    identity = load_or_create(fault_swarm.root / "mallory.key")
+    cfg = MembershipConfig(swarm_id="test-sync", host="127.0.0.1", initial_peers=(a.info["maddrs"][0],))
+    with Membership(identity, cfg) as mallory:
+        assert mallory.dht is not None
+        now, expires = time.time(), get_dht_time() + 600
+        for victim in (a.info["peer"], b.info["peer"]):
+            forged = seal(STATE_KIND, StateRecord(victim, fp, 50, "f" * 64, now), identity.key)
+            mallory.dht.store(state_key("test-sync", fp), forged, expires, subkey=victim)
+        ghost = SigningKey.generate().peer_id
+        forged_join = seal(JOIN_KIND, JoinRecord(ghost, fp, 0, h0, now, now), identity.key)
+        mallory.dht.store(join_key("test-sync", fp, 0, h0), forged_join, expires, subkey=ghost)
+        fault_swarm.go()
+        finals = [final_state(p, 60.0) for p in (a, b)]
+    for p in (a, b):
+        assert [(s["committed"], s["group_size"], s["caught_up"]) for s in p.syncs()] == [(True, 2, False)] * 2
+    assert finals[0]["state_hash"] == finals[1]["state_hash"]
+    logs = (fault_swarm.root / "a.log").read_text() + (fault_swarm.root / "b.log").read_text()
+    assert "bad signature" in logs

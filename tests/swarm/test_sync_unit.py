@@ -1,0 +1,300 @@
+"""Outer sync without a network: pure decisions, compression, the outer step, config, records."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from protocol import SigningKey
+from protocol.signing import seal
+from swarm.fingerprint import model_fingerprint
+from swarm.sync import OuterSyncConfig, SyncReport, decide_catch_up, decide_commit, decide_group
+from swarm.sync.decide import earliest_open_window, group_id
+from swarm.sync.errors import BadBytes
+from swarm.sync.records import (
+    JOIN_KIND,
+    STATE_KIND,
+    VOTE_KIND,
+    JoinRecord,
+    StateRecord,
+    VoteRecord,
+    open_records,
+    seal_record,
+)
+from swarm.sync.tensors import (
+    INT8_CHUNK,
+    decode,
+    encode,
+    encoded_size,
+    outer_step,
+    reduce_parts,
+    slice_bounds,
+    state_hash,
+)
+
+FP, H0, H1 = "0123456789abcdef", "a" * 64, "b" * 64
+CFG = OuterSyncConfig(matchmaking_timeout_s=4.0, min_group_size=2, max_group_size=3)
+
+
+def _join(peer: str, window: float, revision: int = 0) -> JoinRecord:
+    return JoinRecord(peer, FP, revision, H0, window, window)
+
+
+def _state(peer: str, revision: int, h: str, created: float = 1.0) -> StateRecord:
+    return StateRecord(peer, FP, revision, h, created)
+
+
+# ---- matchmaking -------------------------------------------------------------------------------
+
+
+def test_earliest_open_window_ignores_closed_and_future_windows() -> None:
+    recs = {"a": _join("a", 10.0), "b": _join("b", 11.0), "c": _join("c", 30.0)}
+    assert earliest_open_window(recs, now=12.0, window_s=4.0) == 10.0
+    assert earliest_open_window(recs, now=13.5, window_s=4.0) == 11.0  # 10 + 3 closed to joiners
+    assert earliest_open_window(recs, now=20.0, window_s=4.0) is None
+
+
+def test_decide_group_gathers_until_the_window_closes() -> None:
+    recs = {"a": _join("a", 10.0), "b": _join("b", 10.0)}
+    assert decide_group(recs, 13.9, CFG, "a").status == "gather"
+    assert decide_group(recs, 14.0, CFG, "a").status == "ready"
+
+
+def test_every_member_computes_the_same_group() -> None:
+    recs = {p: _join(p, 10.0) for p in ("c", "a", "b")}
+    recs["old"] = _join("old", 2.0)  # an earlier (aborted) attempt's window
+    decisions = [decide_group(recs, 14.5, CFG, me) for me in "abc"]
+    assert {d.group_id for d in decisions} == {decisions[0].group_id}
+    assert decisions[0].members == ("a", "b", "c")
+    assert decisions[0].group_id == group_id(FP, 0, H0, 10.0, ("a", "b", "c"))
+
+
+def test_decide_group_no_partner_and_full_group() -> None:
+    assert decide_group({"a": _join("a", 10.0)}, 15.0, CFG, "a").status == "no partner"
+    assert decide_group({}, 15.0, CFG, "a").status == "no partner"
+    recs = {p: _join(p, 10.0) for p in "abcd"}
+    assert decide_group(recs, 15.0, CFG, "a").members == ("a", "b", "c")
+    assert decide_group(recs, 15.0, CFG, "d").status == "not in group"
+
+
+def test_different_member_views_give_different_group_ids() -> None:
+    full = {p: _join(p, 10.0) for p in "abc"}
+    partial = {p: _join(p, 10.0) for p in "ab"}
+    assert decide_group(full, 15.0, CFG, "a").group_id != decide_group(partial, 15.0, CFG, "a").group_id
+
+
+# ---- commit vote -------------------------------------------------------------------------------
+
+D = "d" * 64
+
+
+@pytest.mark.parametrize(
+    ("votes", "now", "expected"),
+    [
+        ({"a": D, "b": D}, 1.0, (True, "committed")),
+        ({"a": D}, 1.0, (None, "pending")),
+        ({"a": D}, 2.5, (False, "commit timeout")),
+        ({"a": D, "b": "e" * 64}, 1.0, (False, "digest mismatch")),
+        ({"a": D, "b": "abort"}, 1.0, (False, "aborted by a member")),
+        ({"a": D, "b": D, "x": "e" * 64}, 1.0, (True, "committed")),  # non-members are ignored
+        ({"a": D, "b": D}, 2.01, (False, "commit timeout")),  # seen only by a read begun too late
+    ],
+)
+def test_decide_commit(votes: dict[str, str], now: float, expected: tuple[bool | None, str]) -> None:
+    assert tuple(decide_commit(votes, ["a", "b"], now, deadline=2.0)) == expected
+
+
+# ---- catch-up ----------------------------------------------------------------------------------
+
+
+def test_up_to_date_or_ahead_needs_no_catch_up() -> None:
+    assert decide_catch_up({"b": _state("b", 3, H0)}, 3, H0, "a") is None
+    assert decide_catch_up({"b": _state("b", 2, H1)}, 3, H0, "a") is None
+    assert decide_catch_up({}, 0, H0, "a") is None
+
+
+def test_behind_catches_up_to_the_newest_majority() -> None:
+    states = {
+        "b": _state("b", 5, H1, created=1.0),
+        "c": _state("c", 5, H1, created=3.0),
+        "d": _state("d", 5, H0),
+        "e": _state("e", 4, H0),
+    }
+    target = decide_catch_up(states, 2, H0, "a")
+    assert target is not None
+    assert (target.revision, target.state_hash, target.donors) == (5, H1, ("c", "b"))
+
+
+def test_diverged_peer_at_the_same_revision_catches_up_and_ties_break_by_hash() -> None:
+    target = decide_catch_up({"b": _state("b", 3, H1), "c": _state("c", 3, H1)}, 3, H0, "a")
+    assert target is not None and target.state_hash == H1
+    # one against one: the smaller hash wins, so exactly one of the two moves
+    assert decide_catch_up({"b": _state("b", 3, H1)}, 3, H0, "a") is None
+    tie = decide_catch_up({"a": _state("a", 3, H0)}, 3, H1, "b")
+    assert tie is not None and tie.state_hash == H0 and tie.donors == ("a",)
+
+
+def test_own_stale_record_is_not_a_donor() -> None:
+    target = decide_catch_up({"a": _state("a", 9, H1), "b": _state("b", 4, H1)}, 2, H0, "a")
+    assert target is not None and target.revision == 4 and target.donors == ("b",)
+
+
+# ---- tensors -----------------------------------------------------------------------------------
+
+
+def test_slice_bounds_cover_everything() -> None:
+    for n, k in [(10, 3), (5, 5), (3, 4), (1_000_003, 7)]:
+        bounds = slice_bounds(n, k)
+        assert bounds[0][0] == 0 and bounds[-1][1] == n and len(bounds) == k
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16", "int8"])
+def test_compression_round_trip(compression: str) -> None:
+    x = torch.randn(3 * INT8_CHUNK + 17, generator=torch.Generator().manual_seed(0))
+    data = encode(x, compression)
+    assert len(data) == encoded_size(x.numel(), compression)
+    y = decode(data, x.numel(), compression)
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    if compression == "none":
+        assert torch.equal(x, y)
+    elif compression == "fp16":
+        assert torch.allclose(x, y, rtol=1e-3, atol=1e-4)
+    else:
+        scale = x[:INT8_CHUNK].abs().max() / 127
+        assert (x[:INT8_CHUNK] - y[:INT8_CHUNK]).abs().max() <= scale / 2 + 1e-7
+    assert decode(data, x.numel(), compression).numpy().tobytes() == y.numpy().tobytes()  # deterministic
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16", "int8"])
+def test_bad_bytes_are_refused(compression: str) -> None:
+    data = encode(torch.ones(100), compression)
+    with pytest.raises(BadBytes):
+        decode(data[:-1], 100, compression)
+    with pytest.raises(BadBytes):
+        encode(torch.tensor([1.0, math.nan]), compression)
+    if compression != "int8":
+        inf = encode(torch.tensor([1.0]), "none").replace(b"\x00\x00\x80\x3f", b"\x00\x00\x80\x7f")
+        with pytest.raises(BadBytes):
+            decode(inf, 1, "none")
+
+
+def test_trimmed_mean_resists_an_outlier() -> None:
+    parts = [torch.full((4,), v) for v in (1.0, 1.1, 0.9, 1.0, 1000.0)]
+    assert reduce_parts(parts, 4, "mean", 0.2)[0] > 100
+    assert reduce_parts(parts, 4, "trimmed_mean", 0.2)[0] == pytest.approx(1.0333, abs=1e-3)
+    assert torch.equal(reduce_parts([], 3, "mean", 0.2), torch.zeros(3))
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_outer_step_matches_torch_sgd(nesterov: bool) -> None:
+    gen = torch.Generator().manual_seed(1)
+    anchor, momentum = torch.randn(1000, generator=gen), torch.zeros(1000)
+    param = torch.nn.Parameter(anchor.clone())
+    opt = torch.optim.SGD([param], lr=0.7, momentum=0.9, nesterov=nesterov)
+    for _ in range(3):
+        grad = torch.randn(1000, generator=gen)
+        anchor, momentum = outer_step(anchor, momentum, grad, 0.7, 0.9, nesterov)
+        param.grad = grad.clone()
+        opt.step()
+    assert torch.allclose(anchor, param.detach(), rtol=0, atol=1e-5)
+
+
+def test_state_hash_covers_anchor_and_momentum() -> None:
+    a, m = torch.ones(10), torch.zeros(10)
+    assert state_hash(a, m) == state_hash(a.clone(), m.clone())
+    assert state_hash(a, m) != state_hash(a, m + 1e-7) != state_hash(a * 2, m)
+
+
+def test_model_fingerprint_follows_names_shapes_and_dtypes() -> None:
+    def net(width: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 2)).to(dtype)
+
+    assert model_fingerprint(net(8)) == model_fingerprint(net(8))
+    assert model_fingerprint(net(8)) != model_fingerprint(net(9))
+    assert model_fingerprint(net(8)) != model_fingerprint(net(8, torch.bfloat16))
+
+
+# ---- config and report -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"sync_every": 0}, "sync_every=0"),
+        ({"compression": "int4"}, "none, fp16, int8"),
+        ({"outer_lr": -1.0}, "outer_lr=-1.0"),
+        ({"outer_momentum": 1.0}, "[0, 1)"),
+        ({"commit_timeout_s": 0.0}, "commit_timeout_s=0.0"),
+        ({"min_group_size": 1}, "at least 2"),
+        ({"aggregator": "median"}, "mean, trimmed_mean"),
+    ],
+)
+def test_config_validation_names_the_value_and_the_fix(kwargs: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ValueError) as err:
+        OuterSyncConfig(**kwargs)  # type: ignore[arg-type]
+    assert fragment in str(err.value)
+
+
+def test_config_bound_and_report_metrics() -> None:
+    cfg = OuterSyncConfig(
+        matchmaking_timeout_s=1, allreduce_timeout_s=2, commit_timeout_s=3, state_timeout_s=4, dht_timeout_s=1
+    )
+    assert cfg.max_sync_seconds() == 1 + 2 + max(3, 1) + 4 + 6 * 1 + 1.0
+    line = SyncReport(1.0, "p", 3, H0, True, 2, "committed", 0.5, 10).to_metrics()
+    assert line["event"] == "sync"
+    keys = {"time", "peer", "revision", "state_hash", "committed", "group_size", "reason", "sync_s", "bytes_sent"}
+    assert keys <= set(line)
+
+
+# ---- signed records: forged and replayed ------------------------------------------------------
+
+
+def test_records_round_trip_and_forgeries_are_rejected() -> None:
+    alice, mallory = SigningKey(b"\x01" * 32), SigningKey(b"\x02" * 32)
+    a = alice.peer_id
+    genuine = seal_record(STATE_KIND, _state(a, 3, H0), alice)
+    forged = seal(STATE_KIND, _state(a, 50, H1), mallory)  # names alice, signed by mallory
+    tampered = genuine.replace(H0.encode(), H1.encode())
+    kept, rejected = open_records(
+        {a: genuine, mallory.peer_id: genuine, "x": forged, "y": tampered, "z": b"\xc1"},
+        STATE_KIND,
+        StateRecord.from_wire,
+        lambda r: None,
+        now=10.0,
+    )
+    assert list(kept) == [a] and kept[a].revision == 3
+    assert len(rejected) == 4
+    assert any("another peer's subkey" in r for r in rejected)
+    assert any("bad signature" in r for r in rejected)
+    with pytest.raises(ValueError):
+        seal_record(STATE_KIND, _state(a, 1, H0), mallory)
+
+
+def test_replayed_records_from_another_round_or_kind_are_rejected() -> None:
+    alice = SigningKey(b"\x01" * 32)
+    a = alice.peer_id
+    gid_old, gid_now = "1" * 32, "2" * 32
+    old_vote = seal_record(VOTE_KIND, VoteRecord(a, FP, 1, gid_old, D, 5.0), alice)
+    kept, rejected = open_records(
+        {a: old_vote},
+        VOTE_KIND,
+        VoteRecord.from_wire,
+        lambda r: None if (r.revision, r.group_id) == (2, gid_now) else "vote of another round",
+        now=10.0,
+    )
+    assert not kept and rejected == ["sync-vote: vote of another round"]
+    old_join = seal_record(JOIN_KIND, JoinRecord(a, FP, 1, H0, 5.0, 5.0), alice)
+    kept_joins, _ = open_records(
+        {a: old_join}, JOIN_KIND, JoinRecord.from_wire, lambda r: None if r.revision == 2 else "old", 10.0
+    )
+    assert not kept_joins
+    # a genuine state record replayed as a vote: the kind is signed too
+    state = seal_record(STATE_KIND, _state(a, 2, H0), alice)
+    kept, rejected = open_records({a: state}, VOTE_KIND, VoteRecord.from_wire, lambda r: None, 10.0)
+    assert not kept and "envelope is of kind" in rejected[0]
+    future = seal_record(STATE_KIND, _state(a, 2, H0, created=10_000.0), alice)
+    assert not open_records({a: future}, STATE_KIND, StateRecord.from_wire, lambda r: None, 10.0)[0]

@@ -1,0 +1,169 @@
+"""A sync peer process for fault-injection tests and the sync benchmark.
+
+Trains a deterministic fake model (an ``nn.Linear`` stack; each inner step adds
+seeded noise) and calls ``OuterSync.maybe_sync`` every step. It writes JSON
+lines to ``--report``: ``ready`` (with its multiaddrs), every sync report,
+``phase`` when an injected fault fires, and ``done``. Faults
+(``--fault PHASE:REVISION:ACTION``): ``stop`` makes the process SIGSTOP itself
+at that phase (the test then SIGKILLs or SIGSTOPs/SIGCONTs its whole process
+group), ``drop`` makes it silently not send its all-reduce parts that round.
+
+Run by tests/faults.py; not imported by anything (no side effects at import).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--identity", required=True)
+    p.add_argument("--report", required=True)
+    p.add_argument("--swarm", default="test-sync")
+    p.add_argument("--initial-peer", action="append", default=[])
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--arch", default="32,32,8", help="layer widths of the Linear stack")
+    p.add_argument("--init-seed", type=int, default=0)
+    p.add_argument("--update-seed", type=int, default=1)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--sync-every", type=int, default=4)
+    p.add_argument("--step-sleep", type=float, default=0.05)
+    p.add_argument("--compression", default="none", help="one encoding, or a comma list to cycle (bench)")
+    p.add_argument("--rounds-per", type=int, default=1, help="syncs per encoding when cycling")
+    p.add_argument("--timeouts", default="1.5,4,2,4,6", help="matchmaking,allreduce,commit,dht,state[,chunk] seconds")
+    p.add_argument("--go-file", default="")
+    p.add_argument("--stop-file", default="")
+    p.add_argument("--linger", type=float, default=30.0, help="keep serving state this long after training")
+    p.add_argument("--fault", action="append", default=[], help="PHASE:REVISION:ACTION (stop|drop)")
+    return p.parse_args(argv)
+
+
+class Reporter:
+    def __init__(self, path: str) -> None:
+        self._f = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the process)
+
+    def write(self, **record: Any) -> None:
+        self._f.write(json.dumps(record) + "\n")
+        self._f.flush()
+
+
+def _hook(faults: list[str], out: Reporter) -> Any:
+    pending = {tuple(f.split(":")[:2]): f.split(":")[2] for f in faults}
+
+    def hook(phase: str, revision: int) -> str | None:
+        action = pending.get((phase, str(revision)))
+        if action == "stop":
+            del pending[(phase, str(revision))]
+            out.write(event="phase", phase=phase, revision=revision, pid=os.getpid(), time=time.time())
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return action if action == "drop" else None
+
+    return hook
+
+
+def _sync_config(args: argparse.Namespace, cls: Any) -> Any:
+    m_s, a_s, c_s, d_s, s_s, k_s = (float(x) for x in [*args.timeouts.split(","), "2"][:6])
+    return cls(
+        sync_every=args.sync_every,
+        compression=args.compression.split(",")[0],
+        matchmaking_timeout_s=m_s,
+        allreduce_timeout_s=a_s,
+        chunk_timeout_s=min(k_s, a_s),
+        commit_timeout_s=c_s,
+        dht_timeout_s=d_s,
+        state_timeout_s=s_s,
+        poll_s=0.05,
+    )
+
+
+def _wait_file(path: str, timeout: float) -> None:
+    end = time.time() + timeout
+    while path and not Path(path).exists() and time.time() < end:
+        time.sleep(0.05)
+
+
+def _start_membership(cls: Any, identity: Any, mcfg: Any) -> Any:
+    """Start, retrying while the first peer (started at the same time) is not listening yet.
+
+    Membership.start retries only p2pd's bootstrap error; hivemind's DHTNode raises
+    RuntimeError("DHTNode bootstrap failed") when p2pd connected but no DHT answered.
+    """
+    for attempt in range(8):
+        try:
+            return cls(identity, mcfg).start()
+        except RuntimeError as e:
+            if "bootstrap" not in str(e) or attempt == 7:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
+def main(argv: list[str]) -> int:
+    # run as a script, sys.path[0] is tests/, whose protocol/ and swarm/ test folders would
+    # shadow the real packages: put the repository root first instead.
+    repo = str(Path(__file__).resolve().parents[1])
+    sys.path[:] = [repo, *(p for p in sys.path if p not in (repo, str(Path(__file__).parent)))]
+    import logging
+
+    import torch
+
+    from swarm.identity import load_or_create
+    from swarm.membership import Membership, MembershipConfig
+    from swarm.sync import OuterSync, OuterSyncConfig, model_fingerprint
+
+    args = _parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("hivemind").setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    out = Reporter(args.report)
+    cfg = _sync_config(args, OuterSyncConfig)
+    widths = [int(w) for w in args.arch.split(",")]
+    torch.manual_seed(args.init_seed)
+    model = torch.nn.Sequential(*(torch.nn.Linear(a, b) for a, b in itertools.pairwise(widths)))
+    mcfg = MembershipConfig(
+        swarm_id=args.swarm, host="127.0.0.1", port=args.port, initial_peers=tuple(args.initial_peer)
+    )
+    membership = _start_membership(Membership, load_or_create(args.identity), mcfg)
+    sync = OuterSync(membership, model, cfg, hook=_hook(args.fault, out))
+    out.write(
+        event="ready",
+        peer=membership.peer_id,
+        maddrs=membership.visible_multiaddrs(),
+        fingerprint=model_fingerprint(model),
+        revision=sync.revision,
+        state_hash=sync.state_hash,
+        bound_s=cfg.max_sync_seconds(),
+        time=time.time(),
+    )
+    _wait_file(args.go_file, 120.0)
+    for step in range(1, args.steps + 1):
+        gen = torch.Generator().manual_seed(args.update_seed * 100_003 + step)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * torch.randn(p.shape, generator=gen))
+        time.sleep(args.step_sleep)
+        encodings = args.compression.split(",")
+        cfg.compression = encodings[(step // args.sync_every - 1) // args.rounds_per % len(encodings)]
+        report = sync.maybe_sync(step)
+        if report is not None:
+            out.write(**report.to_metrics(), step=step, compression=cfg.compression)
+    out.write(event="done", peer=membership.peer_id, revision=sync.revision, state_hash=sync.state_hash)
+    end = time.time() + args.linger
+    while time.time() < end and not (args.stop_file and Path(args.stop_file).exists()):
+        time.sleep(0.1)
+    sync.close()
+    membership.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
