@@ -42,6 +42,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     g.add_argument("--max-threads", type=int, default=0, help="cap torch CPU threads (0: torch default)")
     g.add_argument("-v", "--verbose", action="count", default=0, help="more log detail (-vv for debug)")
+    y = p.add_argument_group("outer sync (DiLoCo, among peers of the same architecture)")
+    y.add_argument("--sync-every", type=int, default=0, help="rounds between outer syncs (H); 0 turns sync off")
+    y.add_argument("--sync-compression", default="none", help="none, fp16 or int8")
+    y.add_argument("--outer-lr", type=float, default=0.7, help="outer Nesterov SGD learning rate")
     n = p.add_argument_group("network")
     n.add_argument("--identity", default="~/.swarm-node/identity.key", help="Ed25519 key file (created if missing)")
     n.add_argument("--host-port", default=None, help="listen address as PORT or HOST:PORT (default 0.0.0.0:0)")
@@ -137,6 +141,8 @@ def node_args_to_list(args: Any) -> list[str]:
     out += ["--external", str(args.external_groups), "--generations", str(args.generations)]
     out += ["--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature)]
     out += [] if args.lr is None else ["--lr", str(args.lr)]
+    out += ["--sync-every", str(args.sync_every), "--sync-compression", args.sync_compression]
+    out += ["--outer-lr", str(args.outer_lr)]
     out += ["--sampling", args.sampling, "--device", args.device, "--swarm-id", args.swarm_id]
     for t in args.task:
         out += ["--task", t]

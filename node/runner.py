@@ -31,7 +31,8 @@ from protocol import RolloutBatch, RolloutGroup, short_id
 from swarm.exchange import ExchangeConfig, RolloutExchange
 from swarm.identity import load_or_create
 from swarm.membership import Membership, MembershipConfig
-from swarm.validation import rollout_validator
+from swarm.sync import RECORD_KINDS, OuterSync, OuterSyncConfig
+from swarm.validation import SignedRecordValidator, rollout_validator
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,12 @@ class NodeParts:
     exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    sync: OuterSyncConfig | None = None  # None: no outer sync (SAPO sharing only)
+
+
+def swarm_validator() -> SignedRecordValidator:
+    """One DHT validator for every signed record kind a node stores (all nodes must agree)."""
+    return SignedRecordValidator({**rollout_validator().kinds, **RECORD_KINDS})
 
 
 class Node:
@@ -85,6 +92,7 @@ class Node:
         self._rng = random.Random(cfg.seed)
         self._tag = "------"
         self.metrics: MetricsWriter | None = None
+        self.sync: OuterSync | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -104,9 +112,11 @@ class Node:
         self.task_mix = TaskMix(list(self.families.values()), seed=self.cfg.seed)
         self.metrics = MetricsWriter(Path(self.cfg.log_dir) / self._tag / "metrics.jsonl")
         self._digest_start = params_digest(model)
-        self.membership = Membership(identity, self.parts.membership, [rollout_validator()]).start()
+        self.membership = Membership(identity, self.parts.membership, [swarm_validator()]).start()
         self.exchange = RolloutExchange(self.membership, self.parts.exchange, clock=self.clock)
         self.exchange.start()
+        if self.parts.sync is not None:
+            self.sync = OuterSync(self.membership, model, self.parts.sync, clock=self.clock)
         self.metrics.write(
             "start",
             time=self.clock(),
@@ -130,13 +140,15 @@ class Node:
                 param_digest_start=self._digest_start,
                 param_digest_end=params_digest(self.policy.model),
             )
+        if self.sync is not None:
+            self.sync.close()
         if self.exchange is not None:
             self.exchange.close()
         if self.membership is not None:
             self.membership.shutdown()
         if self.metrics is not None:
             self.metrics.close()
-        self.exchange, self.membership, self.metrics = None, None, None
+        self.sync, self.exchange, self.membership, self.metrics = None, None, None, None
 
     def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Run rounds until ``cfg.rounds`` are done or ``stop_event`` is set."""
@@ -159,6 +171,7 @@ class Node:
         external = self.pool.take(self.cfg.external_groups, self.cfg.sampling, self._rng)
         kept, n_dropped = drop_zero_advantage(local + external)
         stats = self.trainer.step(kept) if kept else {}
+        self._maybe_sync()
         rewards = [r for g in local for r in g.rewards]
         ext_rewards = [r for g in external for r in g.rewards]
         assert self.metrics is not None
@@ -192,6 +205,22 @@ class Node:
             record["round_s"],
         )
         return record
+
+    def _maybe_sync(self) -> None:
+        """DiLoCo outer sync every ``sync_every`` rounds (one round = one inner step)."""
+        if self.sync is None:
+            return
+        report = self.sync.maybe_sync(self.round)
+        if report is not None:
+            assert self.metrics is not None
+            fields = report.to_metrics()
+            fields.pop("event", None)
+            self.metrics.write("sync", **fields)
+            logger.info(
+                "[%s r=%d] outer sync %s: revision %d, group of %d, %s (%.2fs)",
+                self._tag, self.round, "committed" if report.committed else "skipped",
+                report.revision, report.group_size, report.reason, report.sync_s,
+            )  # fmt: skip
 
     def _generate_local(self, items: list[TaskItem]) -> list[TrainGroup]:
         completions = self.policy.generate(

@@ -19,6 +19,7 @@ from node.runner import Node, NodeParts
 from swarm.errors import SwarmError
 from swarm.identity import IdentityError
 from swarm.membership import MembershipConfig, parse_peer_multiaddr
+from swarm.sync import OuterSyncConfig
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ def build_node(args: Any) -> Node:
         parts = NodeParts(
             generation=GenerationConfig(temperature=args.temperature, max_new_tokens=max_new),
             grpo=grpo,
+            sync=_sync_config(args),
             membership=MembershipConfig(
                 swarm_id=args.swarm_id,
                 host=host,
@@ -61,6 +63,14 @@ def build_node(args: Any) -> Node:
     except ValueError as e:
         raise CliError(str(e)) from None
     return Node(cfg, parts)
+
+
+def _sync_config(args: Any) -> OuterSyncConfig | None:
+    if args.sync_every < 0:
+        raise ValueError(f"--sync-every {args.sync_every}: use 0 (off) or a positive number of rounds")
+    if args.sync_every == 0:
+        return None
+    return OuterSyncConfig(sync_every=args.sync_every, compression=args.sync_compression, outer_lr=args.outer_lr)
 
 
 def _join_hint(addrs: list[str]) -> str:

@@ -78,6 +78,24 @@ class MembershipConfig:
                 ) from None
 
 
+def classify_start_error(message: str) -> str | None:
+    """Why the DHT did not start: "port" (in use), "bootstrap" (no initial peer answered) or None.
+
+    p2pd says "failed to connect to bootstrap peers"; hivemind's DHTNode raises
+    "DHTNode bootstrap failed" when no initial peer answered its ping.
+
+    >>> classify_start_error("listen tcp4 127.0.0.1:5: bind: address already in use")
+    'port'
+    >>> classify_start_error("DHTNode bootstrap failed: none of the initial_peers responded")
+    'bootstrap'
+    """
+    if "address already in use" in message:
+        return "port"
+    if "bootstrap" in message:
+        return "bootstrap"
+    return None
+
+
 class Membership:
     """This node's presence in the swarm. Start with :meth:`start`; always :meth:`shutdown`."""
 
@@ -107,25 +125,22 @@ class Membership:
             try:
                 self.dht = self._start_dht()
                 break
-            except P2PDaemonError as e:
-                msg = str(e)
-                if "address already in use" in msg:
+            except (P2PDaemonError, RuntimeError) as e:
+                cause = classify_start_error(str(e))
+                if cause == "port":
                     raise PortInUse(
                         f"port {self.cfg.port} on {self.cfg.host} is already in use; "
                         "pick another with --host-port or use 0 for a free one"
                     ) from None
-                if "bootstrap" not in msg or attempt == self.cfg.bootstrap_attempts:
-                    if "bootstrap" in msg:
-                        raise BootstrapFailed(
-                            f"none of the initial peers answered after {attempt} tries "
-                            f"({', '.join(self.cfg.initial_peers)}); check the address and that the node runs"
-                        ) from None
+                if cause is None:
                     raise
+                if attempt == self.cfg.bootstrap_attempts:
+                    raise BootstrapFailed(
+                        f"none of the initial peers answered after {attempt} tries "
+                        f"({', '.join(self.cfg.initial_peers)}); check the address and that the node runs"
+                    ) from None
                 logger.warning(
-                    "[%s] no initial peer answered (try %d); retrying in %.1fs",
-                    self.peer_id[-6:],
-                    attempt,
-                    delay,
+                    "[%s] no initial peer answered (try %d); retrying in %.1fs", self.peer_id[-6:], attempt, delay
                 )
                 self._sleep(delay)
                 delay *= 2

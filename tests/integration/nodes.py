@@ -56,6 +56,11 @@ class Swarm:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.nodes: list[NodeProc] = []
+        self.go_file = tmp / "go"
+
+    def go(self) -> None:
+        """Release every spawned node into its rounds at once (they wait at most 120 s for this)."""
+        self.go_file.touch()
 
     def spawn(self, name: str, *extra: str, join: bool = True, wait: bool = True) -> NodeProc:
         key = self.tmp / "keys" / f"{name}.key"
@@ -65,7 +70,7 @@ class Swarm:
         if join and self.nodes:
             cmd += ["--peer", self.nodes[0].ready["multiaddrs"][0]]
         cmd += ["--identity", str(key), "--log-dir", str(self.tmp / "runs"), "--host-port", "127.0.0.1:0"]
-        cmd += ["--max-threads", "1", "--ready-file", str(ready), *extra]
+        cmd += ["--max-threads", "1", "--ready-file", str(ready), "--go-file", str(self.go_file), *extra]
         log_path = self.tmp / f"{name}.log"
         with open(log_path, "w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

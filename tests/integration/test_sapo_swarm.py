@@ -18,6 +18,7 @@ def test_three_nodes_share_then_survive_a_crash(swarm: Swarm) -> None:
     a = swarm.spawn("a", *COMMON, "1", "--model", "tiny-s")
     b = swarm.spawn("b", *COMMON, "2", "--model", "tiny-m")
     c = swarm.spawn("c", *COMMON, "3", "--model", "tiny-gpt2")
+    swarm.go()
     nodes = [a, b, c]
 
     def sources(n: object) -> set[str]:
