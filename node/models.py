@@ -1,9 +1,21 @@
-"""Built-in tiny causal LMs, and loading of local Hugging Face model folders.
+"""The model registry: built-in tiny causal LMs, packaged real LMs, and local HF folders.
 
-The built-ins are defined from a transformers config in code (Llama and GPT-2,
-so that architectures and fingerprints differ) and use the character tokenizer
-of :mod:`node.tokenizer`; no file is downloaded. Their initial weights depend
-only on the seed.
+``--model`` accepts three kinds of names:
+
+- a built-in tiny model (``tiny-s``, ``tiny-m``, ``tiny-l``, ``tiny-gpt2``):
+  defined from a transformers config in code (Llama and GPT-2, so that
+  architectures and fingerprints differ), with the character tokenizer of
+  :mod:`node.tokenizer`; no file is downloaded and the initial weights depend
+  only on the seed;
+- a packaged model (``smollm2-135m``): shipped as a GGUF file in a pip
+  package and converted once into a cache folder (see :mod:`node.model_cache`);
+- the path of a local Hugging Face causal-LM folder (e.g. a Qwen2.5-0.5B you
+  have on disk).
+
+Weights are always float32 (the optimiser's master copy); the policy computes
+in bfloat16 on a CUDA device that supports it (see :class:`node.policy.Policy`).
+:func:`recommended_defaults` gives per-model generation and learning-rate
+defaults that the CLI uses for flags the user did not pass.
 """
 
 from __future__ import annotations
@@ -26,6 +38,12 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from node.model_cache import (
+    PACKAGED_MODELS,
+    ModelError,
+    ModelPackageMissing,
+    ensure_converted,
+)
 from node.tokenizer import char_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -34,8 +52,24 @@ MAX_POSITIONS = 256
 """Context length of the built-in models (prompt + completion tokens)."""
 
 
-class ModelNotFound(ValueError):
-    """The model name is neither a built-in tiny model nor an existing local folder."""
+__all__ = [
+    "BUILTIN_MODELS",
+    "PACKAGED_MODELS",
+    "ModelError",
+    "ModelNotFound",
+    "ModelPackageMissing",
+    "NotACausalLM",
+    "load_model",
+    "recommended_defaults",
+]
+
+
+class ModelNotFound(ModelError):
+    """The model name is neither a registry name nor an existing local folder."""
+
+
+class NotACausalLM(ModelError):
+    """A local folder that is not a Hugging Face causal language model with a tokenizer."""
 
 
 def _llama(hidden: int, layers: int, heads: int, ffn: int) -> Callable[[int], PretrainedConfig]:
@@ -95,8 +129,8 @@ def builtin_config(name: str, vocab_size: int) -> PretrainedConfig:
 
 
 def _not_found_message(name: str) -> str:
-    valid = ", ".join(sorted(BUILTIN_MODELS))
-    return f"Unknown model {name!r}: use a built-in model ({valid}) or the path of a local Hugging Face model folder."
+    valid = ", ".join([*sorted(BUILTIN_MODELS), *sorted(PACKAGED_MODELS)])
+    return f"Unknown model {name!r}: use a registry model ({valid}) or the path of a local Hugging Face model folder."
 
 
 def _build_builtin(name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -112,33 +146,99 @@ def _build_builtin(name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTok
 
 
 def _load_folder(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    """Load a local causal-LM folder (float32) and its tokenizer; :class:`NotACausalLM` otherwise."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    shown = os.path.abspath(path)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise NotACausalLM(f"{shown} is not a Hugging Face model folder (it has no config.json).")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise NotACausalLM(f"{shown} has a config.json that transformers cannot read ({_first_line(e)}).") from e
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise NotACausalLM(f"{shown} holds a {config.model_type!r} model, not a causal language model.")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as e:
+        raise NotACausalLM(f"{shown} could not be loaded as a causal LM with its tokenizer ({_first_line(e)}).") from e
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model, tokenizer
 
 
-def load_model(name_or_path: str, seed: int, device: str) -> tuple[Any, Any, str]:
-    """Build a built-in tiny model or load a local HF model folder.
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+def resolve_model_path(name_or_path: str, cache_dir: str | os.PathLike[str] | None = None) -> str | None:
+    """The folder a non-built-in model loads from (converting a packaged model once); None for built-ins."""
+    if name_or_path in BUILTIN_MODELS:
+        return None
+    if name_or_path in PACKAGED_MODELS:
+        return str(ensure_converted(PACKAGED_MODELS[name_or_path], cache_dir))
+    if os.path.isdir(name_or_path):
+        return name_or_path
+    if os.path.exists(name_or_path):
+        raise NotACausalLM(f"{os.path.abspath(name_or_path)} is a file; --model needs a model folder or a name.")
+    raise ModelNotFound(_not_found_message(name_or_path))
+
+
+def load_model(
+    name_or_path: str, seed: int, device: str, cache_dir: str | os.PathLike[str] | None = None
+) -> tuple[Any, Any, str]:
+    """Build a built-in tiny model, or load a packaged model or a local HF causal-LM folder.
 
     Returns ``(model, tokenizer, model_id)``: the model (float32, eval mode, on
     ``device``), its tokenizer (left padding, a pad token set), and a short id
-    naming the model (the built-in name, or the folder's base name). ``seed``
-    sets the initial weights of a built-in model; a folder's weights are loaded
-    as saved. Raises :class:`ModelNotFound` for anything else.
+    naming the model (the registry name, or the folder's base name). ``seed``
+    sets the initial weights of a built-in model; other weights are loaded as
+    saved. ``cache_dir`` is where packaged models are converted (default
+    ``~/.cache/swarm-node/models``). Raises a :class:`ModelError` subclass
+    (:class:`ModelNotFound`, :class:`NotACausalLM`, :class:`ModelPackageMissing`).
     """
-    if name_or_path in BUILTIN_MODELS:
+    path = resolve_model_path(name_or_path, cache_dir)
+    if path is None:
         model, tokenizer = _build_builtin(name_or_path, seed)
         model_id = name_or_path
-    elif os.path.isdir(name_or_path):
-        model, tokenizer = _load_folder(name_or_path)
-        model_id = os.path.basename(os.path.normpath(os.path.abspath(name_or_path)))[:128] or "local-model"
     else:
-        raise ModelNotFound(_not_found_message(name_or_path))
+        model, tokenizer = _load_folder(path)
+        if name_or_path in PACKAGED_MODELS:
+            model_id = name_or_path
+        else:
+            model_id = os.path.basename(os.path.normpath(os.path.abspath(path)))[:128] or "local-model"
     model.to(device)
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("loaded model %s (%s, %d parameters) on %s", model_id, model.config.model_type, n_params, device)
     return model, tokenizer, model_id
+
+
+TINY_DEFAULTS: dict[str, Any] = {"max_new_tokens": 1, "learning_rate": 1e-3, "micro_batch_size": 64}
+"""Defaults for the built-in tiny models: one-token answers, a large learning rate."""
+
+REAL_LM_DEFAULTS: dict[str, Any] = {"max_new_tokens": 64, "learning_rate": 1e-6, "micro_batch_size": 8}
+"""Defaults for a pretrained LM folder: room for a short answer, a small learning rate, small micro-batches."""
+
+PACKAGED_DEFAULTS: dict[str, dict[str, Any]] = {
+    # 135M parameters on a CPU: short completions keep a round near a minute; 2e-6 moves the
+    # weights measurably within a few rounds without wrecking the instruct model.
+    "smollm2-135m": {"max_new_tokens": 32, "learning_rate": 2e-6, "micro_batch_size": 8},
+}
+
+
+def recommended_defaults(name_or_path: str) -> dict[str, Any]:
+    """Recommended ``max_new_tokens``, ``learning_rate`` and ``micro_batch_size`` for a model.
+
+    The CLI applies them only to flags the user did not pass.
+
+    >>> recommended_defaults("tiny-s")["max_new_tokens"], recommended_defaults("smollm2-135m")["max_new_tokens"]
+    (1, 32)
+    """
+    if name_or_path in BUILTIN_MODELS:
+        return dict(TINY_DEFAULTS)
+    return dict(PACKAGED_DEFAULTS.get(name_or_path, REAL_LM_DEFAULTS))

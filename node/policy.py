@@ -10,12 +10,21 @@ the policy learns to stop. Completions travel between nodes as decoded text,
 so a receiver re-tokenises them with its own tokenizer; for a BPE tokenizer
 the re-tokenised ids may differ from the sampled ones, which is inherent to
 text-level rollout sharing.
+
+Prompts longer than the model's context are cut from the left so that prompt
+plus completion fit (``max_position_embeddings`` / ``n_positions``): a tiny
+model with 256 positions can still score a long reasoning-gym question that
+a peer shared. Weights stay float32; on a CUDA device with bfloat16 support
+forward passes run under ``torch.autocast(bfloat16)`` (float32 master weights,
+so a small learning rate is not rounded away as it would be in pure bf16).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -76,23 +85,67 @@ def sample_next(logits: Tensor, cfg: GenerationConfig, generator: torch.Generato
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
 
 
+def default_compute_dtype(device: torch.device) -> torch.dtype | None:
+    """bfloat16 on a CUDA device that supports it; None (float32 compute) on CPU, MPS and older GPUs."""
+    if device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+def context_length(model: Any) -> int | None:
+    """The model's maximum sequence length from its config, if it declares one."""
+    cfg = getattr(model, "config", None)
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 class Policy:
-    """A causal LM with its tokenizer: samples completions and scores them."""
+    """A causal LM with its tokenizer: samples completions and scores them.
+
+    ``compute_dtype`` is the autocast dtype of forward passes: ``"auto"`` picks
+    :func:`default_compute_dtype` for ``device``; None computes in the weights' dtype.
+    """
 
     def __init__(
-        self, model: Any, tokenizer: Any, model_id: str, device: str = "cpu", max_batch_rows: int = 256
+        self,
+        model: Any,
+        tokenizer: Any,
+        model_id: str,
+        device: str = "cpu",
+        max_batch_rows: int = 256,
+        compute_dtype: torch.dtype | str | None = "auto",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.device = torch.device(device)
         self.max_batch_rows = max_batch_rows
+        # polled between generated tokens; the node points it at its stop event
+        self.stop: Callable[[], bool] = lambda: False
         self.eos_id: int = int(tokenizer.eos_token_id)
         pad = tokenizer.pad_token_id
         self.pad_id: int = self.eos_id if pad is None else int(pad)
         # Never sample padding/bos/unk (they would vanish from the decoded text).
         banned = {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id} - {None, self.eos_id}
         self._banned = torch.tensor(sorted(banned), dtype=torch.long, device=self.device)
+        self.compute_dtype = default_compute_dtype(self.device) if compute_dtype == "auto" else compute_dtype
+        self.max_length = context_length(model)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The mixed-precision context of forward passes (a no-op without a compute dtype)."""
+        if isinstance(self.compute_dtype, torch.dtype):
+            return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+        return contextlib.nullcontext()
+
+    def _fit(self, prompt_ids: list[int], room: int) -> list[int]:
+        """Cut a prompt from the left so that ``room`` more tokens fit in the context."""
+        if self.max_length is None or len(prompt_ids) + room <= self.max_length:
+            return prompt_ids
+        keep = max(1, self.max_length - room)
+        return prompt_ids[-keep:]
 
     def fingerprint(self) -> str:
         """The model fingerprint (see :func:`model_fingerprint`)."""
@@ -139,10 +192,13 @@ class Policy:
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
         past = None
         for step in range(cfg.max_new_tokens):
-            res = self.model(
-                input_ids=ids, attention_mask=mask, position_ids=positions,
-                past_key_values=past, use_cache=True, logits_to_keep=1,
-            )  # fmt: skip
+            if self.stop():  # leaving: a long generation must not outlast the leave bound
+                break
+            with self.autocast():
+                res = self.model(
+                    input_ids=ids, attention_mask=mask, position_ids=positions,
+                    past_key_values=past, use_cache=True, logits_to_keep=1,
+                )  # fmt: skip
             logits = res.logits[:, -1, :].float()
             logits[:, self._banned] = float("-inf")
             nxt = sample_next(logits, cfg, gen).masked_fill(done, self.pad_id)
@@ -176,7 +232,8 @@ class Policy:
         else:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(0 if seed is None else int(seed))
-        rows = [ids for ids in (self.encode_prompt(p) for p in prompts) for _ in range(n)]
+        encoded = [self._fit(self.encode_prompt(p), cfg.max_new_tokens) for p in prompts]
+        rows = [ids for ids in encoded for _ in range(n)]
         texts: list[str] = []
         for start in range(0, len(rows), self.max_batch_rows):
             texts.extend(self._sample_rows(rows[start : start + self.max_batch_rows], cfg, gen))
@@ -193,12 +250,15 @@ class Policy:
         """
         if len(prompts) != len(completions) or not prompts:
             raise ValueError("need as many prompts as completions, at least one")
-        p_ids, p_mask = self._pad([self.encode_prompt(p) for p in prompts], left=True)
-        c_ids, c_mask = self._pad([self.encode_completion(c) for c in completions], left=False)
+        c_seqs = [self.encode_completion(c) for c in completions]
+        p_seqs = [self._fit(self.encode_prompt(p), len(c)) for p, c in zip(prompts, c_seqs, strict=True)]
+        p_ids, p_mask = self._pad(p_seqs, left=True)
+        c_ids, c_mask = self._pad(c_seqs, left=False)
         ids, mask = torch.cat([p_ids, c_ids], dim=1), torch.cat([p_mask, c_mask], dim=1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         width = c_ids.shape[1]
-        res = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=width + 1)
+        with self.autocast():
+            res = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=width + 1)
         logits = res.logits[:, :-1, :].float()  # column j predicts completion token j
         logp = torch.log_softmax(logits, dim=-1).gather(-1, c_ids[..., None]).squeeze(-1)
         fmask = c_mask.to(logp.dtype)

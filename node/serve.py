@@ -1,4 +1,13 @@
-"""Running one node from the command line: ``swarm-node start`` and ``swarm-node join``."""
+"""Running one node from the command line: ``swarm-node start`` and ``swarm-node join``.
+
+Leaving: the first SIGINT/SIGTERM sets the node's stop event; the round in
+progress is abandoned before training or completed after it (an outer sync
+already running is finished, within its own time bound), then the node
+withdraws from sync, writes a final checkpoint and its summary event, and
+exits with status 0. :data:`LEAVE_BOUND_S` after the signal (plus an outer
+sync's bound if one was running) a watchdog ends the process with status 1
+regardless; a second Ctrl-C exits at once (status 130).
+"""
 
 from __future__ import annotations
 
@@ -6,15 +15,19 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from node.cli import CliError, install_stop_handlers, parse_host_port
+from node.checkpoint import CheckpointConfig, CheckpointError
+from node.cli import CliError, exit_now, install_stop_handlers, parse_host_port
 from node.config import NodeConfig
+from node.dashboard import Dashboard, DashboardConfig, node_view
 from node.grpo import GRPOConfig
-from node.models import BUILTIN_MODELS
+from node.models import recommended_defaults
 from node.policy import GenerationConfig
+from node.reach import reachability_advice
 from node.runner import Node, NodeParts
 from swarm.errors import SwarmError
 from swarm.identity import IdentityError
@@ -22,6 +35,9 @@ from swarm.membership import MembershipConfig, parse_peer_multiaddr
 from swarm.sync import OuterSyncConfig
 
 logger = logging.getLogger(__name__)
+
+LEAVE_BOUND_S = 30.0
+EXIT_LEAVE_TIMEOUT = 1
 
 
 def build_node(args: Any) -> Node:
@@ -45,24 +61,35 @@ def build_node(args: Any) -> Node:
             max_threads=args.max_threads,
             identity=args.identity,
         )
-        max_new = args.max_new_tokens or (1 if args.model in BUILTIN_MODELS else 64)
-        grpo = GRPOConfig() if args.lr is None else GRPOConfig(learning_rate=args.lr)
+        # per-model defaults, only for flags the user did not pass (node/models.py: recommended_defaults)
+        rec = recommended_defaults(args.model)
+        max_new = args.max_new_tokens or rec["max_new_tokens"]
+        lr = rec["learning_rate"] if args.lr is None else args.lr
+        grpo = GRPOConfig(learning_rate=lr, micro_batch_size=rec["micro_batch_size"])
         parts = NodeParts(
             generation=GenerationConfig(temperature=args.temperature, max_new_tokens=max_new),
             grpo=grpo,
             sync=_sync_config(args),
-            membership=MembershipConfig(
-                swarm_id=args.swarm_id,
-                host=host,
-                port=port,
-                announce=tuple(args.announce),
-                initial_peers=peers,
-                client_mode=args.client_mode,
-            ),
+            membership=_membership_config(args, host, port, peers),
+            checkpoint=CheckpointConfig(every=args.checkpoint_every, resume=args.resume),
         )
     except ValueError as e:
         raise CliError(str(e)) from None
     return Node(cfg, parts)
+
+
+def _membership_config(args: Any, host: str, port: int, peers: tuple[str, ...]) -> MembershipConfig:
+    return MembershipConfig(
+        swarm_id=args.swarm_id,
+        host=host,
+        port=port,
+        announce=tuple(args.announce),
+        initial_peers=peers,
+        client_mode=args.client_mode,
+        use_relay=not args.no_relay,
+        use_auto_relay=args.auto_relay,
+        bootstrap_attempts=args.bootstrap_attempts,
+    )
 
 
 def _sync_config(args: Any) -> OuterSyncConfig | None:
@@ -79,17 +106,24 @@ def _join_hint(addrs: list[str]) -> str:
     return f"swarm-node join --peer {best[0]}" if best else "(no listen address)"
 
 
-def _announce(node: Node, ready_file: str | None) -> None:
+def _announce(node: Node, args: Any, dashboard_url: str) -> None:
     assert node.membership is not None
     addrs = node.membership.visible_multiaddrs()
-    if ready_file:
-        tmp = Path(ready_file).with_suffix(".tmp")
-        tmp.write_text(json.dumps({"peer": node.peer_id, "multiaddrs": addrs, "pid": os.getpid()}))
-        tmp.replace(ready_file)  # atomic: readers never see half a file
-    print(f"swarm-node: peer {node.peer_id} is up; listening on:", flush=True)
+    if args.ready_file:
+        info = {"peer": node.peer_id, "multiaddrs": addrs, "pid": os.getpid(), "dashboard": dashboard_url}
+        tmp = Path(args.ready_file).with_suffix(".tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(args.ready_file)  # atomic: readers never see half a file
+    print(f"swarm-node: peer {node.peer_id} is up at round {node.round}; listening on:", flush=True)
     for a in addrs:
         print(f"  {a}", flush=True)
     print(f"Others can join with:\n  {_join_hint(addrs)}", flush=True)
+    if dashboard_url:
+        print(f"Dashboard: {dashboard_url}  (Prometheus: {dashboard_url}metrics)", flush=True)
+    cfg = node.parts.membership
+    advice = reachability_advice(addrs, list(cfg.announce), cfg.client_mode, cfg.host)
+    if advice:
+        print(f"swarm-node: note: {advice}", flush=True)
 
 
 GO_TIMEOUT_S = 120.0
@@ -102,24 +136,63 @@ def _wait_for_go(path: Path, node: Node) -> None:
         node.stop_event.wait(0.05)
 
 
+def start_leave_watchdog(node: Node, bound_s: float = LEAVE_BOUND_S) -> threading.Thread:
+    """After the stop signal, end the process if leaving takes longer than ``bound_s``.
+
+    An outer sync that is running when the signal comes is finished first; its
+    own bound (``max_sync_seconds``) is added.
+    """
+
+    def watch() -> None:
+        node.stop_event.wait()
+        extra = node.parts.sync.max_sync_seconds() if node.in_sync and node.parts.sync is not None else 0.0
+        time.sleep(bound_s + extra)
+        print(f"swarm-node: leaving took more than {bound_s + extra:.0f}s; exiting now", file=sys.stderr, flush=True)
+        exit_now(EXIT_LEAVE_TIMEOUT)
+
+    thread = threading.Thread(target=watch, name="leave-watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
+def _start_dashboard(node: Node, args: Any) -> Dashboard | None:
+    try:
+        cfg = DashboardConfig(port=args.dashboard_port, host=args.dashboard_host)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if cfg.port is None:
+        return None
+    dash = Dashboard(node_view(node.run_dir / "metrics.jsonl", f"node {node.peer_id[-6:]}"), cfg)
+    try:
+        dash.start()
+    except OSError as e:
+        raise CliError(f"dashboard port {cfg.port} is not free ({e.strerror}); pick another --dashboard-port") from None
+    return dash
+
+
 def run_node(args: Any) -> int:
     """Start (or join), run the configured rounds, then leave cleanly."""
     node = build_node(args)
     install_stop_handlers(node.stop_event)
+    start_leave_watchdog(node)
+    dash: Dashboard | None = None
     try:
         node.start()
-    except (SwarmError, IdentityError, ValueError, LookupError) as e:
+        dash = _start_dashboard(node, args)
+    except (SwarmError, IdentityError, ValueError, LookupError, CheckpointError, CliError) as e:
         node.shutdown()
         raise CliError(str(e)) from None
     try:
-        _announce(node, args.ready_file)
+        _announce(node, args, dash.url if dash else "")
         if args.go_file:
             _wait_for_go(Path(args.go_file), node)
         node.run()
-        if args.hold and node.metrics is not None:
+        if args.hold and node.metrics is not None and not node.stop_event.is_set():
             node.metrics.write("done", time=node.clock(), peer=node.peer_id, round=node.round)
             node.stop_event.wait()  # keep serving rollouts until told to stop
     finally:
         node.shutdown()
-    print(f"swarm-node: {node.peer_id[-6:]} left after {node.round} rounds", file=sys.stderr)
+        if dash is not None:
+            dash.close()
+    print(f"swarm-node: {node.peer_id[-6:]} left after {node.round} rounds", file=sys.stderr, flush=True)
     return 0

@@ -188,11 +188,29 @@ BUILTIN_TASKS: dict[str, type[TaskFamily]] = {
 """Family name -> class, for every built-in family."""
 
 
+def task_names() -> list[str]:
+    """Every family name :func:`build_task` accepts: the tiny built-ins, then ``rg:<dataset>``."""
+    from node.rg_tasks import RG_TASK_NAMES
+
+    return [*BUILTIN_TASKS, *RG_TASK_NAMES]
+
+
 def build_task(name: str, config: Mapping[str, Scalar] | None = None) -> TaskFamily:
-    """A built-in family with ``config`` (defaults for missing keys); raises :class:`UnknownTask`."""
-    if name not in BUILTIN_TASKS:
-        raise UnknownTask(f"unknown task family {name!r}; known: {sorted(BUILTIN_TASKS)}")
-    return BUILTIN_TASKS[name](config)
+    """A registered family with ``config`` (defaults for missing keys); raises :class:`UnknownTask`.
+
+    Names are the tiny built-ins (:data:`BUILTIN_TASKS`, exact match on the raw
+    completion) and the reasoning-gym families ``rg:<dataset>`` (answer
+    extraction, see :mod:`node.rg_tasks`).
+    """
+    if name in BUILTIN_TASKS:
+        return BUILTIN_TASKS[name](config)
+    from node.rg_tasks import rg_family_class
+
+    try:
+        cls = rg_family_class(name)
+    except KeyError:
+        raise UnknownTask(f"unknown task family {name!r}; known: {task_names()}") from None
+    return cls(config)
 
 
 def task_from_ref(ref: TaskRef) -> tuple[TaskFamily, TaskItem]:

@@ -346,7 +346,7 @@ class RolloutExchange:
                 desc.payload_size, self.cfg.chunk_bytes,
             )  # fmt: skip
             return await asyncio.wait_for(coro, self.cfg.fetch_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return "fetch timeout"
         except FetchError as e:
             return e.reason

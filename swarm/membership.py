@@ -55,6 +55,12 @@ class MembershipConfig:
     client_mode: bool = field(
         default=False, metadata={"help": "Do not accept incoming connections (nodes behind NAT)."}
     )
+    use_relay: bool = field(
+        default=True, metadata={"help": "Reach peers behind NAT through libp2p circuit relays (hivemind use_relay)."}
+    )
+    use_auto_relay: bool = field(
+        default=False, metadata={"help": "Look for a relay to be reachable through when behind NAT (use_auto_relay)."}
+    )
     bootstrap_attempts: int = field(default=4, metadata={"help": "Tries to reach an initial peer before giving up."})
     bootstrap_backoff_s: float = field(default=1.0, metadata={"help": "First wait between tries; doubles each time."})
     startup_timeout_s: float = field(default=30.0, metadata={"help": "Bound on starting the DHT process."})
@@ -163,6 +169,8 @@ class Membership:
             kwargs["announce_maddrs"] = list(self.cfg.announce)
         if self.cfg.client_mode:
             kwargs["client_mode"] = True
+        kwargs["use_relay"] = self.cfg.use_relay
+        kwargs["use_auto_relay"] = self.cfg.use_auto_relay
         return hivemind.DHT(start=True, record_validators=self._validators, **kwargs)
 
     @property

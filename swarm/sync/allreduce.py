@@ -176,7 +176,7 @@ class SyncService:
                 raise BadBytes(f"part of {header['size']} bytes, expected {expected}")
             payload = await read_payload(reader, expected, self._chunk_timeout)
             await self._add_part(rnd, sender, weight, payload)
-        except (SyncAborted, TimeoutError, asyncio.TimeoutError) as e:
+        except (SyncAborted, TimeoutError) as e:
             rnd.fail(e.reason if isinstance(e, SyncAborted) else "part timeout")
             raise
         result = await asyncio.wait_for(asyncio.shield(rnd.result), self._remaining(plan))
@@ -220,7 +220,7 @@ class SyncService:
         except SyncAborted as e:
             rnd.fail(e.reason)
             raise
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             rnd.fail("all-reduce timeout")
             raise SyncAborted("all-reduce timeout") from None
         except Exception as e:  # P2P daemon and connection errors of any kind

@@ -115,6 +115,24 @@ class OuterSync:
         """sha256 hex of the anchor and outer momentum."""
         return self._snap.state_hash
 
+    def state_dict(self) -> dict[str, Any]:
+        """The outer state to checkpoint: revision, anchor and momentum (CPU copies)."""
+        snap = self._snap
+        return {"revision": snap.revision, "anchor": snap.anchor.cpu().clone(), "momentum": snap.momentum.cpu().clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (the module's weights are left as they are) and announce it."""
+        device = self._snap.anchor.device
+        anchor = state["anchor"].to(device, torch.float32)
+        momentum = state["momentum"].to(device, torch.float32)
+        if anchor.shape != self._snap.anchor.shape or momentum.shape != anchor.shape:
+            raise ValueError(
+                f"outer-sync state has {anchor.numel()} values; this model has {self._snap.anchor.numel()}"
+            )
+        revision = int(state["revision"])
+        self._snap = Snapshot(revision, state_hash(anchor, momentum), anchor, momentum)
+        self._records.publish_state(revision, self._snap.state_hash)
+
     def _log(self, level: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s r=%d] " + msg, self.peer_id[-6:], self._snap.revision, *args)
 

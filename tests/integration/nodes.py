@@ -43,8 +43,11 @@ class NodeProc:
         return self.events("round")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc.poll() is None:
+        # the whole session: its DHT child and p2pd may outlive the node's own process
+        try:
             os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
@@ -90,8 +93,9 @@ class Swarm:
             try:
                 n.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                n.kill(signal.SIGKILL)
-                n.proc.wait(5)
+                pass
+            n.kill(signal.SIGKILL)  # leftovers of the group, if any
+            n.proc.wait(5)
 
 
 def wait_for(cond: Callable[[], bool], timeout: float, what: str, poll: float = 0.25) -> None:

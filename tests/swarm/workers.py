@@ -92,18 +92,20 @@ class WorkerProc:
         self.kill()
 
 
-def start_workers(tmp: Path, n: int, first: WorkerProc | None = None, tag: str = "w") -> list[WorkerProc]:
+def start_workers(
+    tmp: Path, n: int, first: WorkerProc | None = None, tag: str = "w", ready_timeout: float = 30.0
+) -> list[WorkerProc]:
     """Start ``n`` workers (joining ``first`` if given, else the first of them); wait until all are ready."""
     started: list[WorkerProc] = []
     try:
         if first is None:
             first = WorkerProc(tmp / f"{tag}0.key")
             started.append(first)
-            first.wait_ready()
+            first.wait_ready(ready_timeout)
         started += [WorkerProc(tmp / f"{tag}{i}.key", first.maddr) for i in range(len(started), n)]
         for w in started:
             if not w.info:
-                w.wait_ready()
+                w.wait_ready(ready_timeout)
         return started
     except BaseException:
         for w in started:

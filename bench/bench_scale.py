@@ -1,0 +1,200 @@
+"""Local swarm scaling: round time, timeouts and memory per node, side by side in one run.
+
+Usage::
+
+    python bench/bench_scale.py [--nodes 4 8 16] [--rounds 20] [--model tiny-s] [--split 4/4]
+                                [--compare-isolated] [--budget-s 900]
+
+For each N it runs ``swarm-node local --nodes N`` (every node the same model,
+``--split`` local/external groups) and measures, from the nodes' metrics:
+round time p50/p95 (round 1 excluded), fetch failures per node-round (peers
+that did not answer in time), external groups actually trained on per
+node-round, and wall time. While the swarm runs, it samples each node's
+process tree (the node's python process, its hivemind DHT child and ``p2pd``)
+with psutil: peak RSS and peak USS (memory unique to the process; RSS counts
+shared torch pages once per process).
+
+``--compare-isolated`` adds, for the first N, the same swarm with sharing off
+at equal compute: ``I+J`` local groups and 0 external (no collect; rollouts
+are still published), so the ratio isolates what collecting and verifying
+external groups costs a round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from node.metrics import read_events  # noqa: E402
+from node.results import parse_split  # noqa: E402
+
+
+@dataclass
+class Peak:
+    """Peak resident (RSS) and unique (USS) bytes seen for one kind of process."""
+
+    rss: int = 0
+    uss: int = 0
+
+
+def _kind(proc: psutil.Process, root: int) -> str:
+    if proc.pid == root:
+        return "node"
+    return "p2pd" if "p2pd" in proc.name() else "dht"
+
+
+def sample_tree(pid: int, peaks: dict[str, Peak]) -> None:
+    """Update ``peaks`` (kind -> Peak) with the memory of ``pid`` and its descendants, summed per kind."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return
+    now: dict[str, Peak] = {}
+    for proc in procs:
+        try:
+            info = proc.memory_full_info()
+            kind = _kind(proc, pid)
+        except psutil.Error:
+            continue
+        cur = now.setdefault(kind, Peak())
+        cur.rss += info.rss
+        cur.uss += info.uss
+    for kind, cur in now.items():
+        best = peaks.setdefault(kind, Peak())
+        best.rss, best.uss = max(best.rss, cur.rss), max(best.uss, cur.uss)
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of ``values``."""
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else float("nan")
+
+
+@dataclass
+class SwarmStats:
+    """What one local swarm run measured."""
+
+    label: str
+    nodes: int
+    rounds_done: int
+    ok: bool
+    wall_s: float
+    round_s: list[float] = field(default_factory=list)
+    fetch_failed: int = 0
+    external: int = 0
+    memory: dict[int, dict[str, Peak]] = field(default_factory=dict)  # node index -> kind -> peak
+
+    def per_node_round(self, value: int) -> float:
+        return value / max(self.rounds_done, 1)
+
+
+def _ready_pids(log_dir: Path) -> dict[int, int]:
+    pids = {}
+    for path in log_dir.glob("node*.ready"):
+        try:
+            pids[int(path.stem[4:])] = int(json.loads(path.read_text())["pid"])
+        except (ValueError, KeyError, json.JSONDecodeError):
+            continue
+    return pids
+
+
+def run_swarm(label: str, n: int, rounds: int, model: str, local: int, external: int, timeout: float) -> SwarmStats:
+    """One ``swarm-node local`` run, sampling memory while it goes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log_dir = Path(tmp)
+        cmd = [sys.executable, "-m", "node", "local", "--nodes", str(n), "--rounds", str(rounds)]
+        cmd += ["--models", model, "--local", str(local), "--external", str(external)]
+        cmd += ["--log-dir", str(log_dir), "--round-timeout", "120", "--no-dashboard"]
+        t0 = time.monotonic()
+        stats = SwarmStats(label, n, 0, False, 0.0)
+        with open(log_dir / "local.out", "w") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+            while proc.poll() is None and time.monotonic() - t0 < timeout:
+                for i, pid in _ready_pids(log_dir).items():
+                    sample_tree(pid, stats.memory.setdefault(i, {}))
+                time.sleep(2.0)
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait(120)
+        stats.wall_s = time.monotonic() - t0
+        stats.ok = proc.returncode == 0
+        for path in log_dir.glob("*/metrics.jsonl"):
+            for e in read_events(path, "round"):
+                stats.rounds_done += 1
+                stats.fetch_failed += int(e.get("fetch_failed", 0))
+                stats.external += int(e.get("external_groups", 0))
+                if int(e["round"]) > 1:
+                    stats.round_s.append(float(e["round_s"]))
+        if not stats.ok:
+            print((log_dir / "local.out").read_text()[-2000:], file=sys.stderr)
+    return stats
+
+
+def _mb(kind: str, s: SwarmStats, attr: str) -> str:
+    vals = [getattr(m[kind], attr) / 2**20 for m in s.memory.values() if kind in m]
+    return f"{statistics.fmean(vals):.0f}" if vals else "-"
+
+
+def report(rows: list[SwarmStats], isolated: SwarmStats | None, cores: int) -> None:
+    """Print the Markdown tables."""
+    print(f"\nSwarm scaling ({cores} CPU cores): round time, fetch failures, external groups per node-round")
+    print("| run | N | node-rounds | ok | round s p50 / p95 | fetch failed / node-round ", end="")
+    print("| external / node-round | wall s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for s in [*rows, *([isolated] if isolated else [])]:
+        print(
+            f"| {s.label} | {s.nodes} | {s.rounds_done} | {'yes' if s.ok else 'NO'} "
+            f"| {pct(s.round_s, 0.5):.2f} / {pct(s.round_s, 0.95):.2f} | {s.per_node_round(s.fetch_failed):.2f} "
+            f"| {s.per_node_round(s.external):.2f} | {s.wall_s:.0f} |"
+        )
+    if isolated is not None and rows:
+        base = rows[0]
+        ratio = pct(base.round_s, 0.5) / pct(isolated.round_s, 0.5)
+        print(f"\nRound time, sharing on / off at equal compute (N={base.nodes}, p50): {ratio:.2f}x")
+    print("\nPeak memory per node (MB, mean over nodes): RSS / USS")
+    print("| run | N | python node | DHT child | p2pd | node total USS |")
+    print("|---|---|---|---|---|---|")
+    for s in rows:
+        cells = [f"{_mb(k, s, 'rss')} / {_mb(k, s, 'uss')}" for k in ("node", "dht", "p2pd")]
+        totals = [sum(p.uss for p in m.values()) / 2**20 for m in s.memory.values()]
+        total = f"{statistics.fmean(totals):.0f}" if totals else "-"
+        print(f"| {s.label} | {s.nodes} | " + " | ".join(cells) + f" | {total} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--model", default="tiny-s")
+    ap.add_argument("--split", default="4/4", help="local/external groups per round")
+    ap.add_argument("--compare-isolated", action="store_true", help="also run the first N with sharing off")
+    ap.add_argument("--budget-s", type=float, default=900.0, help="per-run time limit")
+    args = ap.parse_args()
+    local, external = parse_split(args.split)
+    rows = []
+    for n in args.nodes:
+        label = f"{args.model} {args.split}"
+        rows.append(run_swarm(label, n, args.rounds, args.model, local, external, args.budget_s))
+        print(f"N={n} done in {rows[-1].wall_s:.0f}s", file=sys.stderr)
+    isolated = None
+    if args.compare_isolated:
+        label = f"{args.model} {local + external}/0"
+        isolated = run_swarm(label, args.nodes[0], args.rounds, args.model, local + external, 0, args.budget_s)
+    report(rows, isolated, psutil.cpu_count() or 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Round time and memory of one real SmolLM2-135M node over many rounds (CPU).
+
+Runs ``swarm-node start --model smollm2-135m`` as a subprocess on reasoning-gym
+tasks and samples the node process's resident memory (``VmRSS``) and its peak
+(``VmHWM``) from ``/proc`` whenever a round event is written, so the numbers
+are those of the real program, not of a test harness. Prints one line per
+round and a JSON summary; a steady RSS after the first rounds means no leak.
+
+    .venv/bin/python bench/bench_smollm2_memory.py --rounds 24 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from node.metrics import read_events
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("rg:chain_sum", "rg:basic_arithmetic")  # the families SmolLM2-135M sometimes solves: rounds train
+
+
+def proc_memory_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of ``pid`` in MiB, read from /proc (Linux)."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values["VmRSS"], values["VmHWM"]
+
+
+def node_command(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """The command line of the measured node."""
+    cmd = [sys.executable, "-m", "node", "start", "--model", "smollm2-135m", "--rounds", str(args.rounds)]
+    cmd += ["--local", str(args.local), "--generations", str(args.generations), "--external", "0"]
+    cmd += ["--max-new-tokens", str(args.max_new_tokens), "--max-threads", str(args.threads)]
+    cmd += ["--identity", str(tmp / "id.key"), "--log-dir", str(tmp / "runs"), "--host-port", "127.0.0.1:0"]
+    for task in TASKS:
+        cmd += ["--task", task]
+    return cmd
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the node to completion and record memory at every round."""
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        t0 = time.monotonic()
+        proc = subprocess.Popen(node_command(args, tmp), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rows: list[dict[str, Any]] = []
+        try:
+            while proc.poll() is None and len(rows) < args.rounds:
+                time.sleep(0.2)
+                files = list((tmp / "runs").glob("*/metrics.jsonl"))
+                rounds = list(read_events(files[0], "round")) if files else []
+                for r in rounds[len(rows) :]:
+                    rss, hwm = proc_memory_mb(proc.pid)
+                    keys = ("round", "round_s", "reward_mean", "trained_groups")
+                    rows.append({**{k: r[k] for k in keys}, "rss_mb": round(rss), "peak_mb": round(hwm)})
+                    print(json.dumps(rows[-1]), flush=True)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(120)
+        return summarise(rows, time.monotonic() - t0)
+
+
+def summarise(rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    """Median round time, peak RSS, and RSS growth from the first quarter of rounds to the last."""
+    if not rows:
+        return {"rounds": 0}
+    times = sorted(r["round_s"] for r in rows)
+    q = max(1, len(rows) // 4)
+    early = sum(r["rss_mb"] for r in rows[q : 2 * q]) / q
+    late = sum(r["rss_mb"] for r in rows[-q:]) / q
+    return {
+        "rounds": len(rows),
+        "rounds_that_trained": sum(1 for r in rows if r["trained_groups"] > 0),
+        "median_round_s": round(times[len(times) // 2], 1),
+        "peak_rss_mb": round(max(r["peak_mb"] for r in rows)),
+        "rss_first_round_mb": round(rows[0]["rss_mb"]),
+        "rss_second_quarter_mb": round(early),
+        "rss_last_quarter_mb": round(late),
+        "wall_s": round(wall_s),
+    }
+
+
+def main() -> None:
+    """Parse flags, measure, print the summary as JSON."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=24)
+    p.add_argument("--local", type=int, default=2, help="questions per round")
+    p.add_argument("--generations", type=int, default=4, help="completions per question")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--train-every-round", action="store_true", help="in-process loop that trains every round")
+    args = p.parse_args()
+    if args.train_every_round:
+        train_loop(args.rounds, args.local * args.generations, args.max_new_tokens)
+        return
+    print(json.dumps({"summary": measure(args)}), flush=True)
+
+
+def train_loop(rounds: int, rows: int, max_new_tokens: int) -> None:
+    """In-process: generate, then always train (rewards alternate 1/0), printing RSS after each round.
+
+    Isolates the model side (sampling, GRPO step, AdamW state) from rewards: every round trains.
+    """
+    import os
+
+    import torch
+
+    from node.grpo import GRPOConfig, GRPOTrainer
+    from node.models import load_model
+    from node.policy import GenerationConfig, Policy
+    from node.tasks import build_task
+    from node.verify import TrainGroup
+
+    torch.set_num_threads(1)
+    model, tok, mid = load_model("smollm2-135m", seed=0, device="cpu")
+    policy = Policy(model, tok, mid)
+    trainer = GRPOTrainer(policy, GRPOConfig(learning_rate=2e-6, micro_batch_size=8))
+    fam, g = build_task("rg:chain_sum"), 4
+    for r in range(1, rounds + 1):
+        t0 = time.monotonic()
+        items = [fam.item(0, r * 1000 + i) for i in range(rows // g)]
+        comps = policy.generate([it.prompt for it in items], g, GenerationConfig(max_new_tokens=max_new_tokens), seed=r)
+        rewards = tuple(float(i % 2) for i in range(g))
+        groups = [
+            TrainGroup(it.prompt, tuple(c), rewards, "self", fam.name, it.ref)
+            for it, c in zip(items, comps, strict=True)
+        ]
+        stats = trainer.step(groups)
+        rss, hwm = proc_memory_mb(os.getpid())
+        row = {"round": r, "round_s": round(time.monotonic() - t0, 1), "trained": stats["n_groups"]}
+        print(json.dumps({**row, "rss_mb": round(rss), "peak_mb": round(hwm)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""TOML config files for ``start``, ``join`` and ``local``; the CLI flags are the one source of truth.
+
+Every key of the file is a long flag without its dashes (``max-threads = 2``
+is ``--max-threads 2``; ``_`` works as well as ``-``). The file only changes
+the flags' defaults, so a flag given on the command line always wins. Nothing
+is read from the environment. ``swarm-node init`` writes a file listing every
+key, commented out, with its help and default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from node.cli import CliError
+
+NODE_COMMANDS = ("start", "join", "local")
+NOT_IN_FILE = {"help", "config"}  # flags that make no sense in a file
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The sub-parser of command ``name`` (argparse keeps them in its subparsers action)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]  # type: ignore[no-any-return]
+    raise KeyError(name)
+
+
+def file_options(sub: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Config key (long flag without ``--``) -> argparse action, for the flags a file may set."""
+    out: dict[str, argparse.Action] = {}
+    for action in sub._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.help == argparse.SUPPRESS or action.dest in NOT_IN_FILE:
+            continue
+        out[longs[0][2:]] = action
+    return out
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    """Parse a TOML file; a missing or malformed file is a one-sentence CliError."""
+    try:
+        with open(Path(path).expanduser(), "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise CliError(f"config file {path} does not exist; create one with: swarm-node init {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise CliError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def _coerce(key: str, value: Any, action: argparse.Action, path: str) -> Any:
+    """Check a file value against its flag's kind and convert it like the flag would."""
+    where = f"config file {path}: {key}"
+    if isinstance(value, dict):
+        raise CliError(f"{where} must be a single value, not a table")
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        if not isinstance(value, bool):
+            raise CliError(f"{where} = {value!r} must be true or false")
+        return value if isinstance(action, argparse._StoreTrueAction) else not value
+    if isinstance(action, argparse._AppendAction):
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str) for v in items):
+            raise CliError(f"{where} must be a string or a list of strings")
+        return list(items)
+    if isinstance(action, argparse._CountAction) or action.type is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise CliError(f"{where} = {value!r} must be a whole number")
+        return value
+    if action.type is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise CliError(f"{where} = {value!r} must be a number")
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise CliError(f"{where} = {value!r} must be a string")
+    return str(value)
+
+
+def apply_config_file(parser: argparse.ArgumentParser, command: str, path: str) -> dict[str, list[str]]:
+    """Make the file's values the defaults of ``command``'s flags (flags on the command line still win).
+
+    Keys of another node command (e.g. ``nodes`` for ``local``) are accepted and
+    ignored; any other key is an error naming it and the valid ones. Returns the
+    file's values of repeatable flags (``task``, ``peer``, ``announce``): argparse
+    would append command-line values to a default list, so the caller uses
+    these only when the command line gave none.
+    """
+    data = read_toml(path)
+    known = {k: a for c in NODE_COMMANDS for k, a in file_options(subcommand_parser(parser, c)).items()}
+    mine = file_options(subcommand_parser(parser, command))
+    defaults: dict[str, Any] = {}
+    lists: dict[str, list[str]] = {}
+    for raw_key, value in data.items():
+        key = raw_key.replace("_", "-")
+        if key not in known:
+            valid = ", ".join(sorted(known))
+            raise CliError(f"config file {path}: unknown key {raw_key!r}; valid keys are: {valid}")
+        if key in mine:
+            action = mine[key]
+            target = lists if isinstance(action, argparse._AppendAction) else defaults
+            target[action.dest] = _coerce(raw_key, value, action, path)
+    subcommand_parser(parser, command).set_defaults(**defaults)
+    return lists
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+def _example(action: argparse.Action) -> str:
+    if isinstance(action, argparse._StoreTrueAction):
+        return "false"
+    if action.default is None:
+        return '""' if action.type is None else "0"
+    return _toml_value(action.default)
+
+
+def render_default_config(parser: argparse.ArgumentParser) -> str:
+    """A commented TOML file listing every key with its help and default (all commented out)."""
+    lines = [
+        "# swarm-node configuration. Use it with: swarm-node start --config THIS_FILE (or join, local).",
+        "# Every key is a long flag without '--'; a flag on the command line overrides the file.",
+        "# Uncomment a line to change the default shown.",
+    ]
+    seen: set[str] = set()
+    for command in NODE_COMMANDS:
+        sub = subcommand_parser(parser, command)
+        options = file_options(sub)
+        for group in sub._action_groups:
+            rows = [(k, a) for k, a in options.items() if a in group._group_actions and k not in seen]
+            if not rows:
+                continue
+            title = group.title if command == "start" else f"{group.title} (swarm-node {command} only)"
+            lines += ["", f"# ---- {title} ----"]
+            for key, action in rows:
+                seen.add(key)
+                lines += [f"# {action.help}", f"# {key} = {_example(action)}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,118 @@
+"""The live dashboard: an aiohttp server on its own thread and event loop, so it never blocks training.
+
+Routes: ``/`` the page, ``/api/summary`` its JSON, ``/metrics`` Prometheus
+text. It binds 127.0.0.1 unless told otherwise (``--dashboard-host 0.0.0.0``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from node import prometheus
+from node.dashboard_data import SwarmView
+from node.dashboard_page import PAGE
+from swarm.loop import LoopThread
+
+logger = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    """Where the dashboard listens; ``port=None`` turns it off."""
+
+    port: int | None = field(default=None, metadata={"help": "TCP port; 0 picks a free one; None: no dashboard."})
+    host: str = field(default="127.0.0.1", metadata={"help": "Address to bind; 0.0.0.0 shows it to your network."})
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 0 <= self.port <= 65535:
+            raise ValueError(f"--dashboard-port {self.port}: use 0-65535 (0 picks a free port)")
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            raise ValueError(f"--dashboard-host {self.host!r}: use an IP address, e.g. 127.0.0.1 or 0.0.0.0") from None
+
+
+def node_view(metrics_path: Path, title: str) -> SwarmView:
+    """The view of one node: its own metrics file."""
+    return SwarmView(title, lambda: [metrics_path])
+
+
+def swarm_view(log_dir: Path, title: str) -> SwarmView:
+    """The view of every node logging under ``log_dir`` (``<log-dir>/*/metrics.jsonl``)."""
+    return SwarmView(title, lambda: sorted(log_dir.glob("*/metrics.jsonl")))
+
+
+class Dashboard:
+    """Serves a :class:`SwarmView`. :meth:`start` returns the URL; always :meth:`close`."""
+
+    def __init__(self, view: SwarmView, cfg: DashboardConfig) -> None:
+        self.view, self.cfg = view, cfg
+        self._loop: LoopThread | None = None
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    def _app(self) -> web.Application:
+        async def page(_: web.Request) -> web.Response:
+            return web.Response(text=PAGE, content_type="text/html")
+
+        async def summary(_: web.Request) -> web.Response:
+            body = json.dumps(self.view.snapshot(), separators=(",", ":"))
+            return web.Response(text=body, content_type="application/json", headers={"Cache-Control": "no-store"})
+
+        async def metrics(_: web.Request) -> web.Response:
+            text = prometheus.render(self.view.snapshot())
+            return web.Response(body=text.encode(), headers={"Content-Type": prometheus.CONTENT_TYPE})
+
+        app = web.Application()
+        app.router.add_get("/", page)
+        app.router.add_get("/api/summary", summary)
+        app.router.add_get("/metrics", metrics)
+        return app
+
+    async def _serve(self, port: int) -> int:
+        self._runner = web.AppRunner(self._app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, port)
+        try:
+            await site.start()
+        except OSError:
+            await self._runner.cleanup()
+            raise
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        return int(sockets[0].getsockname()[1]) if sockets else port
+
+    def start(self, fallback_to_free_port: bool = False) -> str:
+        """Bind and serve; a busy port is an OSError unless ``fallback_to_free_port``."""
+        assert self.cfg.port is not None, "dashboard is off"
+        self._loop = LoopThread("dashboard")
+        try:
+            port = self._loop.run(self._serve(self.cfg.port), START_TIMEOUT_S)
+        except OSError:
+            if not fallback_to_free_port:
+                self.close()
+                raise
+            logger.warning("dashboard port %d is busy; using a free port instead", self.cfg.port)
+            port = self._loop.run(self._serve(0), START_TIMEOUT_S)
+        shown = "127.0.0.1" if self.cfg.host == "0.0.0.0" else self.cfg.host
+        self.url = f"http://{shown}:{port}/"
+        return self.url
+
+    def close(self) -> None:
+        """Stop serving (bounded); idempotent."""
+        if self._loop is not None and self._runner is not None:
+            try:
+                self._loop.run(self._runner.cleanup(), 5.0)
+            except Exception as e:  # shutting down: log and go on
+                logger.debug("dashboard cleanup: %s", e)
+        if self._loop is not None:
+            self._loop.stop(5.0)
+        self._loop, self._runner = None, None

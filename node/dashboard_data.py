@@ -1,0 +1,190 @@
+"""What the dashboard shows, computed from ``metrics.jsonl`` files (one node's, or a whole local swarm's).
+
+The files are the one source: :class:`MetricsTail` reads only the lines
+appended since the last poll, :class:`NodeView` folds events into figures, and
+:class:`SwarmView` gives the JSON for the page and the Prometheus text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SILENT_AFTER_S = 60.0
+
+
+class MetricsTail:
+    """Incremental reader of one JSONL file: each poll returns the complete lines added since the last."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> list[dict[str, Any]]:
+        """New events (a torn or half-written last line waits for the next poll)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(0, 2)
+                if f.tell() < self._offset:  # truncated or replaced: start over
+                    self._offset, self._partial = 0, b""
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        out = []
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+        return out
+
+
+def reason_category(reason: str) -> str:
+    """A short label for a rejection reason: the text before ':' without quoted values.
+
+    >>> reason_category("bad task reference: digest mismatch")
+    'bad task reference'
+    >>> reason_category("unknown task family 'xyz'")
+    'unknown task family'
+    """
+    head = reason.split(":", 1)[0]
+    return re.sub(r"\s*'[^']*'|\s*\"[^\"]*\"", "", head).strip()[:48] or "other"
+
+
+@dataclass
+class NodeView:
+    """One node's figures, folded from its events."""
+
+    peer: str = ""
+    model: str = ""
+    status: str = "starting"
+    last_time: float = 0.0
+    series: dict[int, tuple[float, float | None]] = field(default_factory=dict)
+    last: dict[str, Any] = field(default_factory=dict)
+    totals: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
+    sync_aborted: Counter[str] = field(default_factory=Counter)
+    revision: int = 0
+    state_hash: str = ""
+    peers_seen: int = 0
+    _bytes_base: Counter[str] = field(default_factory=Counter)
+
+    def add(self, ev: dict[str, Any]) -> None:
+        """Fold one event in."""
+        kind = ev.get("event")
+        self.last_time = max(self.last_time, float(ev.get("time") or 0.0))
+        if kind == "start":
+            self.peer, self.model, self.status = ev.get("peer", ""), ev.get("model", ""), "running"
+            for k in ("bytes_in", "bytes_out"):  # a restarted process counts from zero again
+                self._bytes_base[k] += int(self.last.get(k) or 0)
+            self.last = {}
+        elif kind == "round":
+            self._add_round(ev)
+        elif kind == "sync":
+            self._add_sync(ev)
+        elif kind == "done":
+            self.status = "done"
+        elif kind == "summary":
+            self.status = "left"
+
+    def _add_round(self, ev: dict[str, Any]) -> None:
+        self.series[int(ev["round"])] = (float(ev.get("reward_mean") or 0.0), ev.get("external_reward_mean"))
+        self.last = ev
+        self.totals["rounds_run"] += 1
+        for k in ("external_groups", "accepted_groups", "fetch_failed", "reward_mismatches", "dropped_zero_adv"):
+            self.totals[k] += int(ev.get(k) or 0)
+        reasons = ev.get("rejected_reasons") or {}
+        self.rejected.update({str(k): int(v) for k, v in reasons.items()})
+        unexplained = int(ev.get("external_rejected") or 0) - sum(int(v) for v in reasons.values())
+        if unexplained > 0:
+            self.rejected["other"] += unexplained
+        self.peers_seen = max(self.peers_seen, int(ev.get("peers_seen") or 0))
+
+    def _add_sync(self, ev: dict[str, Any]) -> None:
+        self.revision, self.state_hash = int(ev.get("revision") or 0), str(ev.get("state_hash") or "")
+        self.totals["sync_bytes"] += int(ev.get("bytes_sent") or 0)
+        if ev.get("committed"):
+            self.totals["sync_committed"] += 1
+        else:
+            self.sync_aborted[str(ev.get("reason") or "unknown")] += 1
+
+    def bytes(self, direction: str) -> int:
+        """Rollout payload bytes in or out over all of this node's runs."""
+        return self._bytes_base[direction] + int(self.last.get(direction) or 0)
+
+    def shown_status(self, now: float) -> str:
+        """``running`` turns ``silent`` when nothing was written for a minute."""
+        if self.status == "running" and now - self.last_time > SILENT_AFTER_S:
+            return "silent"
+        return self.status
+
+    def to_json(self, now: float, max_points: int) -> dict[str, Any]:
+        """The node's entry in the dashboard JSON."""
+        rounds = sorted(self.series)
+        step = max(1, -(-len(rounds) // max_points))
+        series = [[r, *self.series[r]] for r in rounds[::step]]
+        if rounds and series[-1][0] != rounds[-1]:
+            series.append([rounds[-1], *self.series[rounds[-1]]])
+        t = self.totals
+        return {
+            "peer": self.peer[-6:], "peer_id": self.peer, "model": self.model, "status": self.shown_status(now),
+            "round": rounds[-1] if rounds else 0, "reward": self.last.get("reward_mean"),
+            "external_reward": self.last.get("external_reward_mean"), "peers_seen": self.peers_seen,
+            "accepted": t["accepted_groups"], "used": t["external_groups"], "rejected": dict(self.rejected),
+            "fetch_failed": t["fetch_failed"], "mismatches": t["reward_mismatches"],
+            "dropped_zero_adv": t["dropped_zero_adv"], "sync_committed": t["sync_committed"],
+            "sync_aborted": dict(self.sync_aborted), "revision": self.revision, "state_hash": self.state_hash[:12],
+            "bytes_in": self.bytes("bytes_in"), "bytes_out": self.bytes("bytes_out"), "sync_bytes": t["sync_bytes"],
+            "round_s": self.last.get("round_s"), "series": series,
+        }  # fmt: skip
+
+
+class SwarmView:
+    """The figures of every metrics file that ``discover()`` lists, refreshed on demand."""
+
+    def __init__(self, title: str, discover: Callable[[], list[Path]], max_points: int = 400) -> None:
+        self.title = title
+        self._discover = discover
+        self._max_points = max_points
+        self._tails: dict[Path, MetricsTail] = {}
+        self.nodes: dict[Path, NodeView] = {}
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        """Read what was appended to every file since the last refresh."""
+        with self._lock:
+            for path in self._discover():
+                if path not in self._tails:
+                    self._tails[path], self.nodes[path] = MetricsTail(path), NodeView()
+                for ev in self._tails[path].poll():
+                    self.nodes[path].add(ev)
+
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+        """The JSON document the page polls."""
+        self.refresh()
+        now = time.time() if now is None else now
+        nodes = [v.to_json(now, self._max_points) for v in self.nodes.values() if v.peer]
+        keys = ("accepted", "used", "fetch_failed", "sync_committed", "bytes_in", "bytes_out", "sync_bytes")
+        totals: dict[str, Any] = {k: sum(n[k] for n in nodes) for k in keys}
+        totals["rejected"] = sum(sum(n["rejected"].values()) for n in nodes)
+        totals["sync_aborted"] = sum(sum(n["sync_aborted"].values()) for n in nodes)
+        totals["rounds"] = sum(n["round"] for n in nodes)
+        totals["revision"] = max((n["revision"] for n in nodes), default=0)
+        totals["peers_seen"] = max([len(nodes) - 1, *(n["peers_seen"] for n in nodes)]) if nodes else 0
+        totals["nodes"] = len(nodes)
+        totals["running"] = sum(n["status"] == "running" for n in nodes)
+        return {"title": self.title, "time": now, "totals": totals, "nodes": nodes}

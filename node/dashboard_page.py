@@ -1,0 +1,123 @@
+"""The dashboard page: one self-contained HTML document (inline CSS, JS and SVG; no CDN).
+
+It polls ``api/summary`` every two seconds and redraws in place: summary
+cards, reward curves (local solid, external dashed; moving average over 10
+rounds), a per-node table and groups not used, by reason. Elements carry ``id`` or
+``data-k`` attributes so tests can read the figures from the DOM.
+"""
+
+from __future__ import annotations
+
+PAGE = r"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>swarm-node dashboard</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body{font:14px system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0;background:#f5f6f8;color:#1d232b}
+header{background:#1d2733;color:#fff;padding:12px 20px;display:flex;justify-content:space-between;align-items:baseline}
+header h1{font-size:18px;margin:0}#updated{font-size:12px;color:#b9c4d0}
+main{padding:16px 20px}.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(132px,1fr));gap:10px}
+.card{background:#fff;border-radius:6px;padding:10px 12px;box-shadow:0 1px 2px #0002}
+.card .k{font-size:11px;color:#667;text-transform:uppercase;letter-spacing:.04em}.card .v{font-size:20px;margin-top:4px}
+section{background:#fff;border-radius:6px;margin-top:14px;padding:12px;box-shadow:0 1px 2px #0002}
+h2{font-size:14px;margin:0 0 8px}table{border-collapse:collapse;width:100%;font-size:12.5px}
+th,td{text-align:right;padding:4px 6px;border-bottom:1px solid #eceef1;white-space:nowrap}
+th:first-child,td:first-child,th:nth-child(2),td:nth-child(2){text-align:left}
+.st-running{color:#18794e}.st-silent,.st-left{color:#a15c00}.st-done{color:#3457a6}
+#legend span{display:inline-block;margin-right:14px;font-size:12px}#legend i{display:inline-block;width:18px;height:3px;
+vertical-align:middle;margin-right:4px}svg text{font-size:11px;fill:#667}.muted{color:#889}.scroll{overflow-x:auto}
+</style></head><body>
+<header><h1 id="title">swarm-node</h1><span id="updated">connecting...</span></header>
+<main>
+<div class="cards">
+<div class="card"><div class="k">nodes running</div><div class="v" id="t-nodes">-</div></div>
+<div class="card"><div class="k">rounds (all nodes)</div><div class="v" id="t-rounds">-</div></div>
+<div class="card"><div class="k">peers seen</div><div class="v" id="t-peers">-</div></div>
+<div class="card"><div class="k">groups accepted / used</div><div class="v" id="t-groups">-</div></div>
+<div class="card"><div class="k">rejected</div><div class="v" id="t-rejected">-</div></div>
+<div class="card"><div class="k">sync committed / aborted</div><div class="v" id="t-sync">-</div></div>
+<div class="card"><div class="k">sync revision</div><div class="v" id="t-revision">-</div></div>
+<div class="card"><div class="k">bytes in / out</div><div class="v" id="t-bytes">-</div></div>
+</div>
+<section><h2>Reward per round <span class="muted">(moving average of 10; solid: local, dashed: external)</span></h2>
+<svg id="chart" viewBox="0 0 1000 280" width="100%" height="280" preserveAspectRatio="none"></svg>
+<div id="legend"></div></section>
+<section><h2>Nodes</h2><div class="scroll"><table id="nodes"><thead><tr><th>peer</th><th>model</th><th>status</th>
+<th>round</th><th>reward</th><th>ext. reward</th><th>peers</th><th>accepted</th><th>used</th><th>rejected</th>
+<th>fetch failed</th><th>no signal</th><th>sync ok / aborted</th><th>revision</th><th>bytes in / out</th>
+<th>round s</th>
+</tr></thead><tbody></tbody></table></div></section>
+<section><h2>Groups not used, by reason</h2><table id="reasons">
+<thead><tr><th>reason</th><th>kind</th><th>count</th></tr></thead><tbody></tbody></table></section>
+</main>
+<script>
+"use strict";
+const COLORS=["#2f6fde","#e0702a","#2a9d5c","#c23b7a","#7b52c7","#8c6d1f","#1f9aa8","#b03030"];
+const $=id=>document.getElementById(id);
+const fmt=(v,d)=>v===null||v===undefined?"-":(typeof v==="number"?v.toFixed(d):String(v));
+function human(n){const u=["B","KB","MB","GB","TB"];let i=0;while(n>=1024&&i<u.length-1){n/=1024;i++;}
+  return (i?n.toFixed(1):String(n))+" "+u[i];}
+function smooth(pts,w){const out=[];let s=0,q=[];for(const [x,y] of pts){q.push(y);s+=y;if(q.length>w)s-=q.shift();
+  out.push([x,s/q.length]);}return out;}
+function cell(k,v){const td=document.createElement("td");td.dataset.k=k;td.textContent=v;return td;}
+function drawChart(nodes){
+  const svg=$("chart"),W=1000,H=280,L=40,B=22;let maxX=1,lo=0,hi=0;const lines=[];
+  nodes.forEach((n,i)=>{const c=COLORS[i%COLORS.length];
+    const loc=smooth(n.series.map(p=>[p[0],p[1]]),10);
+    const ext=smooth(n.series.filter(p=>p[2]!==null).map(p=>[p[0],p[2]]),10);
+    for(const [x,y] of loc.concat(ext)){maxX=Math.max(maxX,x);lo=Math.min(lo,y);hi=Math.max(hi,y);}
+    lines.push([loc,c,""],[ext,c,"6 4"]);});
+  hi=[0.05,0.1,0.2,0.4,0.6,0.8,1].find(v=>v>=hi)||Math.ceil(hi);
+  const X=x=>L+(W-L-8)*x/maxX,Y=y=>8+(H-B-8)*(1-(y-lo)/((hi-lo)||1));
+  let s="";for(let k=0;k<=4;k++){const y=lo+(hi-lo)*k/4;
+    s+=`<line x1="${L}" x2="${W}" y1="${Y(y)}" y2="${Y(y)}" stroke="#e3e6ea"/>`;
+    s+=`<text x="4" y="${Y(y)+4}">${y.toFixed(2)}</text>`;}
+  s+=`<text x="${W-60}" y="${H-6}">round ${maxX}</text><text x="${L}" y="${H-6}">0</text>`;
+  for(const [pts,c,dash] of lines){if(!pts.length)continue;
+    const d=pts.map((p,j)=>(j?"L":"M")+X(p[0]).toFixed(1)+" "+Y(p[1]).toFixed(1)).join(" ");
+    s+=`<path d="${d}" fill="none" stroke="${c}" stroke-width="2" stroke-dasharray="${dash}"/>`;}
+  svg.innerHTML=s;
+  $("legend").innerHTML=nodes.map((n,i)=>`<span><i style="background:${COLORS[i%COLORS.length]}"></i>`+
+    `${n.peer} (${n.model})</span>`).join("");
+}
+function drawNodes(nodes){
+  const tb=$("nodes").tBodies[0];tb.textContent="";
+  for(const n of nodes){const tr=document.createElement("tr");tr.dataset.peer=n.peer;
+    const rej=Object.values(n.rejected).reduce((a,b)=>a+b,0),ab=Object.values(n.sync_aborted).reduce((a,b)=>a+b,0);
+    const st=cell("status",n.status);st.className="st-"+n.status;
+    [cell("peer",n.peer),cell("model",n.model),st,cell("round",n.round),cell("reward",fmt(n.reward,3)),
+     cell("external_reward",fmt(n.external_reward,3)),cell("peers_seen",n.peers_seen),cell("accepted",n.accepted),
+     cell("used",n.used),cell("rejected",rej),cell("fetch_failed",n.fetch_failed),
+     cell("dropped_zero_adv",n.dropped_zero_adv),cell("sync",n.sync_committed+" / "+ab),cell("revision",n.revision),
+     cell("bytes",human(n.bytes_in)+" / "+human(n.bytes_out)),cell("round_s",fmt(n.round_s,2))
+    ].forEach(td=>tr.appendChild(td));tb.appendChild(tr);}
+}
+function drawReasons(nodes){
+  const rows={},add=(k,c)=>{if(c)rows[k]=(rows[k]||0)+c;};
+  for(const n of nodes){
+    for(const [r,c] of Object.entries(n.rejected))add("trust|"+r,c);
+    for(const [r,c] of Object.entries(n.sync_aborted))add("sync aborted|"+r,c);
+    add("availability|fetch failed",n.fetch_failed);add("no signal|all rewards equal",n.dropped_zero_adv);}
+  const tb=$("reasons").tBodies[0];tb.textContent="";const keys=Object.keys(rows).sort();
+  if(!keys.length){const tr=document.createElement("tr");tr.appendChild(cell("none","none"));
+    tb.appendChild(tr);}
+  for(const k of keys){const [kind,r]=k.split("|");const tr=document.createElement("tr");
+    [cell("reason",r),cell("kind",kind),cell("count",rows[k])].forEach(td=>tr.appendChild(td));tb.appendChild(tr);}
+}
+function render(d){
+  const t=d.totals;document.title="swarm-node: "+d.title;$("title").textContent=d.title;
+  $("t-nodes").textContent=t.running+" / "+t.nodes;$("t-rounds").textContent=t.rounds;
+  $("t-peers").textContent=t.peers_seen;
+  $("t-groups").textContent=t.accepted+" / "+t.used;$("t-rejected").textContent=t.rejected;
+  $("t-sync").textContent=t.sync_committed+" / "+t.sync_aborted;$("t-revision").textContent=t.revision;
+  $("t-bytes").textContent=human(t.bytes_in)+" / "+human(t.bytes_out);
+  drawChart(d.nodes);drawNodes(d.nodes);drawReasons(d.nodes);
+  $("updated").textContent="live, updated "+new Date(d.time*1000).toLocaleTimeString();
+}
+async function poll(){
+  try{const r=await fetch("api/summary",{cache:"no-store"});render(await r.json());}
+  catch(e){$("updated").textContent="disconnected: retrying";}
+  setTimeout(poll,2000);
+}
+poll();
+</script></body></html>
+"""

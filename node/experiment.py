@@ -1,0 +1,230 @@
+"""``swarm-node experiment``: SAPO's sharing table on a local swarm, repeated over seeds.
+
+Each configuration (sampling policy x local/external split x seed) runs as one
+``swarm-node local`` subprocess writing into its own run folder. All splits
+train on the same number of groups per round (I + J is fixed), so every node
+spends the same training compute; only where the groups come from changes.
+
+A run is *finished* when its ``run.json`` (the parsed per-node results) and
+then its ``DONE`` marker have been written, each atomically. Running the same
+command again skips finished runs and redoes any partial one, so an interrupted
+sweep resumes where it stopped. The aggregation (``results.json``,
+``results.md``, PNG plots) is rebuilt from the finished runs at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from node.experiment_config import ExperimentConfig
+from node.metrics import read_events
+from node.results import (
+    RunResult,
+    load_run,
+    markdown_table,
+    per_model_table,
+    run_from_json,
+    share_baseline,
+    summarize,
+)
+
+logger = logging.getLogger(__name__)
+
+DONE = "DONE"
+STOP_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration of the sweep."""
+
+    sampling: str
+    local: int
+    external: int
+    seed: int
+
+    @property
+    def split(self) -> str:
+        return f"{self.local}/{self.external}"
+
+    @property
+    def name(self) -> str:
+        """Folder of the run, relative to the results folder."""
+        return f"runs/{self.sampling}/{self.local}-{self.external}/seed{self.seed}"
+
+
+def plan_runs(cfg: ExperimentConfig) -> list[Run]:
+    """All runs of the sweep, seed-major so that a partial sweep covers every split early.
+
+    A split without external groups does not depend on the sampling policy, so
+    it runs once (under the first policy) and is shared by all.
+    """
+    runs: list[Run] = []
+    for seed in cfg.seed_values():
+        for k, sampling in enumerate(cfg.sampling):
+            for local, external in cfg.split_pairs():
+                if external == 0 and k > 0:
+                    continue
+                runs.append(Run(sampling, local, external, seed))
+    return runs
+
+
+def is_finished(run_dir: Path) -> bool:
+    """True when the run's results are complete (its marker exists)."""
+    return (run_dir / DONE).is_file()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path) -> list[str]:
+    """The ``swarm-node local`` command line of one run."""
+    cmd = [sys.executable, "-m", "node", "local", "--nodes", str(cfg.nodes), "--rounds", str(cfg.rounds)]
+    cmd += ["--local", str(run.local), "--external", str(run.external), "--sampling", run.sampling]
+    cmd += ["--seed", str(run.seed), "--generations", str(cfg.generations), "--log-dir", str(run_dir)]
+    cmd += ["--round-timeout", str(cfg.round_timeout), "--swarm-id", f"exp-{run.sampling}-{run.local}-{run.seed}"]
+    cmd += ["--no-dashboard"]
+    if cfg.models:
+        cmd += ["--models", ",".join(cfg.models)]
+    if cfg.lr is not None:
+        cmd += ["--lr", str(cfg.lr)]
+    if cfg.max_new_tokens:
+        cmd += ["--max-new-tokens", str(cfg.max_new_tokens)]
+    for task in cfg.tasks:
+        cmd += ["--task", task]
+    return cmd
+
+
+def rounds_done(run_dir: Path) -> int:
+    """Node-rounds recorded so far under ``run_dir`` (for the progress display)."""
+    return sum(sum(1 for _ in read_events(p, "round")) for p in run_dir.glob("*/metrics.jsonl"))
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the ``local`` process (it stops its nodes), then SIGKILL its session if it lingers."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def execute_run(cfg: ExperimentConfig, run: Run, out: Path, on_poll: Callable[[int], None]) -> RunResult | None:
+    """Run one configuration to completion; returns its results, or None if it failed.
+
+    A partial folder from an interrupted attempt is removed first. ``on_poll``
+    gets the node-rounds done so far, about twice a second.
+    """
+    run_dir = out / run.name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    t0 = time.monotonic()
+    with open(run_dir / "local.log", "wb") as log:
+        proc = subprocess.Popen(
+            local_command(cfg, run, run_dir), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            while proc.poll() is None:
+                on_poll(rounds_done(run_dir))
+                time.sleep(0.5)
+        finally:
+            _stop(proc)
+    on_poll(rounds_done(run_dir))
+    result = load_run(run_dir, run.sampling, run.split, run.seed, time.monotonic() - t0)
+    complete = len(result.nodes) == cfg.nodes and all(len(n.curve) >= cfg.rounds for n in result.nodes)
+    if proc.returncode != 0 or not complete:
+        logger.warning("run %s failed (exit %s); see %s", run.name, proc.returncode, run_dir / "local.log")
+        return None
+    write_atomic(run_dir / "run.json", json.dumps(result.to_json()))
+    write_atomic(run_dir / DONE, f"{time.time()}\n")
+    return result
+
+
+def load_finished(out: Path, runs: list[Run]) -> list[RunResult]:
+    """Results of the finished runs among ``runs`` (read back from their ``run.json``)."""
+    done = []
+    for run in runs:
+        run_dir = out / run.name
+        if is_finished(run_dir):
+            saved = run_from_json(json.loads((run_dir / "run.json").read_text()))
+            # the metrics are the source of truth: re-read them, so new summary fields cover old runs too
+            done.append(load_run(run_dir, saved.sampling, saved.split, saved.seed, saved.wall_s))
+    return done
+
+
+@dataclass
+class SweepReport:
+    """What the sweep did: finished runs (now and before) and failures."""
+
+    results: list[RunResult] = field(default_factory=list)
+    skipped: int = 0
+    failed: list[str] = field(default_factory=list)
+
+
+def run_sweep(cfg: ExperimentConfig) -> SweepReport:
+    """Run every unfinished configuration, then write the aggregate files. Resumable."""
+    from node.progress import SweepProgress
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = plan_runs(cfg)
+    write_atomic(out / "experiment.json", json.dumps(cfg.to_json(), indent=2))
+    report = SweepReport()
+    with SweepProgress(len(runs) * cfg.nodes * cfg.rounds, enabled=cfg.progress) as bar:
+        for run in runs:
+            if is_finished(out / run.name):
+                report.skipped += 1
+                bar.finished_run(run.name, cfg.nodes * cfg.rounds, skipped=True)
+                continue
+            bar.start_run(run.name, cfg.nodes * cfg.rounds)
+            result = execute_run(cfg, run, out, bar.update_run)
+            if result is None:
+                report.failed.append(run.name)
+            bar.finished_run(run.name, cfg.nodes * cfg.rounds, skipped=False)
+    report.results = load_finished(out, runs)
+    if report.results:
+        write_outputs(cfg, report.results, out)
+    return report
+
+
+def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path) -> None:
+    """results.json, results.md and the PNG plots, from the finished runs."""
+    from node.plots import plot_cumulative, plot_reward_curves
+    from node.results import SAPO_REFERENCE
+
+    summaries = summarize(share_baseline(results, cfg.sampling), order=cfg.sampling)
+    data = {
+        "config": cfg.to_json(),
+        "reference": SAPO_REFERENCE,
+        "summary": [asdict(s) for s in summaries],
+        "runs": [r.to_json() for r in results],
+    }
+    write_atomic(out / "results.json", json.dumps(data))
+    title = f"{cfg.nodes} nodes, {cfg.rounds} rounds, {cfg.generations} completions/question, tasks: "
+    title += ",".join(cfg.tasks) or "all"
+    table = markdown_table(summaries)
+    text = f"# Experiment results\n\n{title}\n\n{table}\n\nCumulative reward per model:\n\n"
+    text += per_model_table(summaries) + "\n"
+    write_atomic(out / "results.md", text)
+    plot_reward_curves(summaries, out / "reward_curves.png", title=title)
+    plot_cumulative(summaries, out / "cumulative.png", title=title)

@@ -1,0 +1,193 @@
+"""Configuration and command line of ``swarm-node experiment``.
+
+Flags, or a TOML/JSON file (``--config FILE``) whose keys are the fields of
+:class:`ExperimentConfig`; flags given explicitly override the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from node.results import parse_split
+from node.sampling import SAMPLING_POLICIES
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ExperimentConfig:
+    """A sweep: sampling policies x local/external splits x seeds, each a local swarm."""
+
+    nodes: int = field(default=4, metadata={"help": "Node processes per run (127.0.0.1)."})
+    splits: tuple[str, ...] = field(
+        default=("8/0", "6/2", "4/4", "2/6"),
+        metadata={"help": "Local/external splits I/J; I + J must be equal for all (equal compute per node)."},
+    )
+    seeds: int = field(default=2, metadata={"help": "Repetitions of each configuration with different seeds."})
+    seed_base: int = field(default=0, metadata={"help": "Run k uses seed seed_base + 100 k (node i adds i)."})
+    rounds: int = field(default=150, metadata={"help": "Rounds per node in every run."})
+    sampling: tuple[str, ...] = field(
+        default=("uniform",), metadata={"help": "External sampling policies to compare: uniform, advantage."}
+    )
+    tasks: tuple[str, ...] = field(default=(), metadata={"help": "Task families (empty: all built-in families)."})
+    models: tuple[str, ...] = field(
+        default=(), metadata={"help": "Models assigned round-robin to nodes (empty: swarm-node local's mix)."}
+    )
+    generations: int = field(default=8, metadata={"help": "G: completions per question."})
+    lr: float | None = field(default=None, metadata={"help": "Learning rate (default: GRPOConfig's)."})
+    max_new_tokens: int = field(default=0, metadata={"help": "Tokens per completion (0: the node's default)."})
+    round_timeout: float = field(default=300.0, metadata={"help": "Fail a run if no node progresses this long (s)."})
+    out: str = field(default="runs/experiment", metadata={"help": "Results folder (reused to resume)."})
+    progress: bool = field(default=True, metadata={"help": "Show a progress display."})
+
+    def __post_init__(self) -> None:
+        self.splits = tuple(self.splits)
+        self.sampling = tuple(self.sampling)
+        self.tasks = tuple(self.tasks)
+        self.models = tuple(self.models)
+        checks = [
+            (1 <= self.nodes <= 64, f"nodes={self.nodes}; use 1-64"),
+            (self.seeds >= 1, f"seeds={self.seeds}; use at least 1"),
+            (self.seed_base >= 0, f"seed_base={self.seed_base}; use 0 or more"),
+            (self.rounds >= 1, f"rounds={self.rounds}; use at least 1"),
+            (bool(self.splits), "splits is empty; give at least one, e.g. 8/0,4/4"),
+            (bool(self.sampling), "sampling is empty; use uniform, advantage or both"),
+            (2 <= self.generations <= 64, f"generations={self.generations}; GRPO needs 2-64"),
+            (self.lr is None or 0 < self.lr < 1, f"lr={self.lr}; use a value in (0, 1)"),
+            (self.max_new_tokens >= 0, f"max_new_tokens={self.max_new_tokens}; use 0 (default) or more"),
+            (self.round_timeout > 0, f"round_timeout={self.round_timeout}; use a positive number of seconds"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
+        for s in self.sampling:
+            if s not in SAMPLING_POLICIES:
+                raise ValueError(f"sampling {s!r}; use one of {SAMPLING_POLICIES}")
+        self._check_splits()
+
+    def _check_splits(self) -> None:
+        pairs = self.split_pairs()  # raises on a malformed split
+        if any(i < 1 for i, _ in pairs):
+            raise ValueError("every split needs at least 1 local group (I >= 1)")
+        if len({i + j for i, j in pairs}) != 1:
+            raise ValueError(f"splits {','.join(self.splits)} differ in I + J; equal compute needs one total")
+        if len(set(pairs)) != len(pairs):
+            raise ValueError("splits has duplicates")
+
+    def split_pairs(self) -> list[tuple[int, int]]:
+        """The splits as (I, J) pairs."""
+        return [parse_split(s) for s in self.splits]
+
+    def seed_values(self) -> list[int]:
+        """The base seed of each repetition (spaced so nodes' seeds never overlap across runs)."""
+        return [self.seed_base + 100 * k for k in range(self.seeds)]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields."""
+        return asdict(self)
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        """Field name -> help text."""
+        return {f.name: str(f.metadata.get("help", "")) for f in fields(cls)}
+
+
+_LISTS = {"splits", "sampling", "tasks", "models"}
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def add_experiment_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``experiment`` subcommand to the subparsers of ``swarm-node``."""
+    p = sub.add_parser("experiment", help="SAPO's sharing table: local swarms per split and seed, table and plots")
+    p.add_argument("--config", default=None, help="TOML or JSON file with ExperimentConfig fields")
+    for f in fields(ExperimentConfig):
+        flag = "--" + f.name.replace("_", "-")
+        helptext = f.metadata["help"]
+        if f.name in _LISTS:
+            p.add_argument(flag, type=_csv, default=None, help=helptext + " (comma-separated)")
+        elif f.name == "progress":
+            p.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no display")
+        else:
+            kind = float if f.name in ("lr", "round_timeout") else (str if f.name == "out" else int)
+            p.add_argument(flag, type=kind, default=None, help=f"{helptext} (default {_default(f.name)})")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
+    return p
+
+
+def _default(name: str) -> Any:
+    return getattr(ExperimentConfig(), name)
+
+
+def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
+    """File values (if ``--config``), overridden by the flags given; raises ValueError."""
+    values: dict[str, Any] = {}
+    if args.config:
+        values.update(load_config_file(Path(args.config)))
+    for f in fields(ExperimentConfig):
+        given = getattr(args, f.name, None)
+        if given is not None:
+            values[f.name] = given
+    return ExperimentConfig(**values)
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Fields from a TOML (``.toml``) or JSON file; unknown keys are an error."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"cannot read --config {path}: {e.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            import tomllib  # Python >= 3.11
+
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except ImportError:
+        raise ValueError("TOML config files need Python 3.11+; use a .json file") from None
+    except ValueError as e:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+        raise ValueError(f"--config {path} does not parse: {e}") from None
+    known = {f.name for f in fields(ExperimentConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"--config {path}: unknown keys {unknown}; known: {sorted(known)}")
+    return {k: tuple(v) if k in _LISTS and isinstance(v, list) else v for k, v in data.items()}
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def run_experiment_cli(args: argparse.Namespace) -> int:
+    """Entry point of ``swarm-node experiment``; returns the exit status."""
+    from node.cli import CliError
+    from node.experiment import run_sweep
+
+    try:
+        cfg = config_from_args(args)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops the current run cleanly, like Ctrl-C
+    try:
+        report = run_sweep(cfg)
+    except KeyboardInterrupt:
+        print(f"\nswarm-node experiment: interrupted; run the same command again to resume in {cfg.out}")
+        return 130
+    out = Path(cfg.out)
+    print(f"swarm-node experiment: {len(report.results)} runs finished ({report.skipped} from before)")
+    if report.failed:
+        print(f"failed (rerun the command to retry): {', '.join(report.failed)}")
+    if report.results:
+        print((out / "results.md").read_text())
+        print(f"results: {out / 'results.json'}, {out / 'results.md'}, {out / 'reward_curves.png'}")
+    return 1 if report.failed else 0

@@ -1,0 +1,43 @@
+"""What a node checkpoint holds, and putting it back (see :mod:`node.checkpoint` for the file)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from node.logs import CONTEXT
+
+if TYPE_CHECKING:
+    from node.runner import Node
+
+FORMAT = 1
+
+
+def capture(node: Node) -> dict[str, Any]:
+    """Weights, optimizer state, outer-sync state (anchor, momentum, revision), round and sampler RNG."""
+    return {
+        "format": FORMAT,
+        "peer": node.peer_id,
+        "model_id": node.policy.model_id,
+        "round": node.round,
+        "model": node.policy.model.state_dict(),
+        "optimizer": node.trainer.optimizer.state_dict(),
+        "sync": None if node.sync is None else node.sync.state_dict(),
+        "rng": node._rng.getstate(),
+    }
+
+
+def restore(node: Node, state: dict[str, Any]) -> None:
+    """Put a :func:`capture` back into a started node; a checkpoint of another model is a ValueError."""
+    if state.get("format") != FORMAT:
+        raise ValueError(f"checkpoint format {state.get('format')!r} is not {FORMAT}; start without --resume")
+    if state["model_id"] != node.policy.model_id:
+        raise ValueError(
+            f"the checkpoint in {node.run_dir} is of model {state['model_id']}, not {node.policy.model_id}; "
+            "pass the same --model or another --log-dir"
+        )
+    node.policy.model.load_state_dict(state["model"])
+    node.trainer.optimizer.load_state_dict(state["optimizer"])
+    if node.sync is not None and state["sync"] is not None:
+        node.sync.load_state_dict(state["sync"])
+    node._rng.setstate(state["rng"])
+    node.round = CONTEXT.round = int(state["round"])

