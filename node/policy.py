@@ -22,7 +22,6 @@ so a small learning rate is not rounded away as it would be in pure bf16).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -31,18 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from swarm.fingerprint import model_fingerprint
+
 logger = logging.getLogger(__name__)
-
-
-def model_fingerprint(module: torch.nn.Module) -> str:
-    """16 hex chars of sha256 over the sorted (parameter name, shape, dtype) triples.
-
-    Two models share a fingerprint exactly when their parameters have the same
-    names, shapes and dtypes, i.e. when their weights can be averaged.
-    """
-    triples = sorted((name, tuple(p.shape), str(p.dtype)) for name, p in module.named_parameters())
-    text = "\n".join(f"{name}|{','.join(map(str, shape))}|{dtype}" for name, shape, dtype in triples)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
