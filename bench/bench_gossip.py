@@ -147,6 +147,10 @@ def bench_n(n: int, rounds: int, deadline: float) -> dict[str, float]:
     }  # fmt: skip
 
 
+def _size(n: float) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
 def report(rows: list[dict[str, float]]) -> None:
     mb, ms = 1e6, 1e3
     print("\nEnd to end: publish -> every other peer fetched and verified (1 publisher, N-1 collectors)")
@@ -158,7 +162,7 @@ def report(rows: list[dict[str, float]]) -> None:
     for r in rows:
         goodput = r["size"] * (r["n"] - 1) / r["p50"] / mb
         print(
-            f"| {r['n']:.0f} | {r['rounds']:.0f} | {r['size'] / mb:.2f} MB "
+            f"| {r['n']:.0f} | {r['rounds']:.0f} | {_size(r['size'])} "
             f"| {r['p50'] * ms:.0f} / {r['p95'] * ms:.0f} ms | {r['publish_p50'] * ms:.0f} ms "
             f"| {goodput:.1f} MB/s "
             f"| {r['rawn_p50'] * ms:.1f} ms ({r['size'] * (r['n'] - 1) / r['rawn_p50'] / mb:.0f} MB/s) "
