@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -55,11 +56,7 @@ def plot_reward_curves(summaries: Sequence[SplitSummary], path: Path, window: in
     axes[0][0].set_ylabel(f"mean local reward (moving avg {window})")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    logger.info("wrote %s", path)
-    return path
+    return _save(fig, path)
 
 
 def plot_cumulative(summaries: Sequence[SplitSummary], path: Path, title: str = "") -> Path:
@@ -82,6 +79,11 @@ def plot_cumulative(summaries: Sequence[SplitSummary], path: Path, title: str = 
     ax.legend(title="sampling")
     if title:
         ax.set_title(title, fontsize=10)
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Lay out, write the PNG and free the figure (matplotlib keeps figures alive otherwise)."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
