@@ -37,8 +37,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from node.metrics import read_events  # noqa: E402
-from node.results import parse_split  # noqa: E402
+from node.experiments.results import parse_split  # noqa: E402
+from node.observe.metrics import read_events  # noqa: E402
 
 
 @dataclass

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from node.metrics import read_events
+from node.observe.metrics import read_events
 
 logger = logging.getLogger(__name__)
 
@@ -119,11 +119,11 @@ def train_loop(rounds: int, rows: int, max_new_tokens: int) -> None:
 
     import torch
 
-    from node.grpo import GRPOConfig, GRPOTrainer
-    from node.models import load_model
-    from node.policy import GenerationConfig, Policy
-    from node.tasks import build_task
-    from node.verify import TrainGroup
+    from node.tasks.registry import build_task
+    from node.tasks.verify import TrainGroup
+    from node.training.grpo import GRPOConfig, GRPOTrainer
+    from node.training.models import load_model
+    from node.training.policy import GenerationConfig, Policy
 
     torch.set_num_threads(1)
     model, tok, mid = load_model("smollm2-135m", seed=0, device="cpu")

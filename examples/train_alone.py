@@ -26,11 +26,11 @@ import time
 
 import torch
 
-from node.grpo import GRPOConfig, GRPOTrainer
-from node.models import BUILTIN_MODELS, load_model
-from node.policy import GenerationConfig, Policy
-from node.tasks import BUILTIN_TASKS, TaskFamily, TaskMix, build_task
-from node.verify import local_group
+from node.tasks.registry import BUILTIN_TASKS, TaskFamily, TaskMix, build_task
+from node.tasks.verify import local_group
+from node.training.grpo import GRPOConfig, GRPOTrainer
+from node.training.models import BUILTIN_MODELS, load_model
+from node.training.policy import GenerationConfig, Policy
 
 logger = logging.getLogger(__name__)
 

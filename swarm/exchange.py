@@ -2,7 +2,7 @@
 
 A node *publishes* a batch by sealing it, keeping the bytes in a small LRU
 that its stream handler serves, and storing a signed :class:`Descriptor`
-(never the payload: design.md 6.2) in the DHT under a time-windowed key with
+(never the payload: see docs/ARCHITECTURE.md, "Rollout exchange") in the DHT under a time-windowed key with
 its own peer id as the subkey. A node *collects* by reading the current and
 previous window keys, choosing descriptors (pure :func:`select_descriptors`),
 fetching their payloads in parallel under per-fetch and overall deadlines, and
@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from protocol import limits
@@ -69,6 +70,41 @@ class ExchangeConfig:
             raise ValueError(f"chunk_bytes={self.chunk_bytes!r}; use 4096..4194304 (e.g. 262144)")
 
 
+class BatchRejection(StrEnum):
+    """Why a peer's descriptor or payload was refused: a trust failure, counted by value.
+
+    The values are the labels shown in metrics (``rejected_reasons``) and on the dashboard.
+    """
+
+    BAD_DESCRIPTOR = "bad descriptor"
+    WRONG_SUBKEY = "descriptor under another peer's subkey"
+    SIZE_MISMATCH = "size mismatch"
+    DIGEST_MISMATCH = "digest mismatch"
+    BAD_SIGNATURE = "bad signature"
+    BAD_BATCH = "bad batch"
+    PUBLISHER_MISMATCH = "publisher mismatch"
+    ROUND_MISMATCH = "round mismatch"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A refused descriptor or payload: the reason to count, and details for the log only."""
+
+    reason: BatchRejection
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.reason.value}: {self.detail}" if self.detail else self.reason.value
+
+
+class PayloadRejected(MessageRejected):
+    """A fetched payload that does not match its descriptor or does not open."""
+
+    def __init__(self, reason: BatchRejection, detail: str = "") -> None:
+        super().__init__(str(Refusal(reason, detail)))
+        self.refusal = Refusal(reason, detail)
+
+
 @dataclass
 class CollectResult:
     """What one collect() got: verified batches, refusals and failures (peer id, reason), timing.
@@ -79,7 +115,7 @@ class CollectResult:
     """
 
     accepted: list[tuple[Descriptor, RolloutBatch]]
-    rejected: list[tuple[str, str]]
+    rejected: list[tuple[str, Refusal]]
     seen: int
     elapsed_s: float
     failed: list[tuple[str, str]] = field(default_factory=list)
@@ -99,7 +135,7 @@ def select_descriptors(
     fetched: Container[str],
     limit: int,
     rng: random.Random,
-) -> tuple[list[Descriptor], list[tuple[str, str]]]:
+) -> tuple[list[Descriptor], list[tuple[str, Refusal]]]:
     """Choose what to fetch from raw DHT ``(subkey, value)`` entries.
 
     Forged or malformed entries are rejected with a reason; own, expired,
@@ -107,16 +143,16 @@ def select_descriptors(
     silently. At most ``limit`` are chosen, newest first, ties in random order.
     """
     valid: dict[str, Descriptor] = {}
-    rejected: list[tuple[str, str]] = []
+    rejected: list[tuple[str, Refusal]] = []
     for subkey, value in entries:
         who = subkey if isinstance(subkey, str) else repr(subkey)[:64]
         try:
             desc = open_descriptor(value)
         except MessageRejected as e:
-            rejected.append((who, f"bad descriptor: {e.reason}"))
+            rejected.append((who, Refusal(BatchRejection.BAD_DESCRIPTOR, e.reason)))
             continue
         if desc.publisher != subkey:
-            rejected.append((who, f"descriptor of {desc.publisher[-6:]} stored under another peer's subkey"))
+            rejected.append((who, Refusal(BatchRejection.WRONG_SUBKEY, f"descriptor of {desc.publisher[-6:]}")))
             continue
         stale = desc.expires <= now or desc.created < since or desc.created > now + limits.MAX_CLOCK_SKEW_S
         if desc.publisher == own or stale or desc.payload_digest in fetched:
@@ -127,20 +163,21 @@ def select_descriptors(
 
 
 def verify_payload(desc: Descriptor, payload: bytes) -> RolloutBatch:
-    """Check ``payload`` against ``desc`` and open it; MessageRejected names the problem."""
+    """Check ``payload`` against ``desc`` and open it; :class:`PayloadRejected` names the problem."""
     if len(payload) != desc.payload_size:
-        raise MessageRejected(f"size mismatch: got {len(payload)} bytes, descriptor says {desc.payload_size}")
+        detail = f"got {len(payload)} bytes, descriptor says {desc.payload_size}"
+        raise PayloadRejected(BatchRejection.SIZE_MISMATCH, detail)
     if payload_digest(payload) != desc.payload_digest:
-        raise MessageRejected("digest mismatch")
+        raise PayloadRejected(BatchRejection.DIGEST_MISMATCH)
     try:
         batch = open_batch(payload)
     except MessageRejected as e:
-        kind = "bad signature" if "signature" in e.reason else "bad batch"
-        raise MessageRejected(f"{kind}: {e.reason}") from None
+        kind = BatchRejection.BAD_SIGNATURE if "signature" in e.reason else BatchRejection.BAD_BATCH
+        raise PayloadRejected(kind, e.reason) from None
     if batch.publisher != desc.publisher:
-        raise MessageRejected(f"publisher mismatch: batch names {batch.publisher[-6:]}")
+        raise PayloadRejected(BatchRejection.PUBLISHER_MISMATCH, f"batch names {batch.publisher[-6:]}")
     if batch.round != desc.round:
-        raise MessageRejected(f"round mismatch: batch {batch.round}, descriptor {desc.round}")
+        raise PayloadRejected(BatchRejection.ROUND_MISMATCH, f"batch {batch.round}, descriptor {desc.round}")
     return batch
 
 
@@ -357,7 +394,7 @@ class RolloutExchange:
         self,
         chosen: list[Descriptor],
         results: dict[str, bytes | str],
-        rejected: list[tuple[str, str]],
+        rejected: list[tuple[str, Refusal]],
         failed: list[tuple[str, str]],
     ) -> list[tuple[Descriptor, RolloutBatch]]:
         accepted: list[tuple[Descriptor, RolloutBatch]] = []
@@ -373,10 +410,10 @@ class RolloutExchange:
                 accepted.append((desc, verify_payload(desc, result)))
                 self._count(fetch_ok=1)
                 self._remember(desc.payload_digest)
-            except MessageRejected as e:
+            except PayloadRejected as e:
                 self._count(fetch_failed=1)
-                rejected.append((desc.publisher, e.reason))
-                if not e.reason.startswith(("digest mismatch", "size mismatch")):
+                rejected.append((desc.publisher, e.refusal))
+                if e.refusal.reason not in (BatchRejection.DIGEST_MISMATCH, BatchRejection.SIZE_MISMATCH):
                     self._remember(desc.payload_digest)  # right bytes, bad content: never valid
                 logger.warning("%s rejected payload from %s: %s", self._tag(), desc.publisher[-6:], e.reason)
         return accepted

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.metrics import read_events
+from node.observe.metrics import read_events
 from protocol import short_id
 from swarm.identity import load_or_create
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from node.checkpoint import TEMPORARY
-from node.metrics import read_events
+from node.core.checkpoint import TEMPORARY
+from node.observe.metrics import read_events
 from protocol import short_id
 from swarm.identity import load_or_create
 from tests.integration.nodes import wait_for

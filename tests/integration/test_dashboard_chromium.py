@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from node.metrics import read_events
+from node.observe.metrics import read_events
 from tests.integration.browser import INSTALL_HINT, dump_dom, find_chromium, screenshot
 from tests.integration.nodes import wait_for
 

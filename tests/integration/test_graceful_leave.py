@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from node import checkpoint
-from node.serve import LEAVE_BOUND_S
+from node.cli.serve import LEAVE_BOUND_S
+from node.core import checkpoint
 from tests.integration.nodes import Swarm, wait_for
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]

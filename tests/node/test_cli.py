@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from node.cli import CliError, main, parse_host_port
+from node.cli.errors import CliError
+from node.cli.main import main, parse_host_port
 
 
 def test_host_port_forms() -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from node.cli import CliError, _parse, build_parser, main
+from node.cli.errors import CliError
+from node.cli.main import _parse, build_parser, main
 
 
 def parse(argv: list[str]) -> object:

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from node import prometheus
-from node.dashboard import Dashboard, DashboardConfig, swarm_view
-from node.dashboard_data import MetricsTail, SwarmView
-from node.metrics import MetricsWriter
+from node.dashboard import prometheus
+from node.dashboard.data import MetricsTail, SwarmView
+from node.dashboard.server import Dashboard, DashboardConfig, swarm_view
+from node.observe.metrics import MetricsWriter
 
 
 def write_node(path: Path, peer: str, rounds: int, start_round: int = 0) -> MetricsWriter:

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from node.cli import build_parser
-from node.experiment import Run, is_finished, local_command, plan_runs, write_atomic
-from node.experiment_config import ExperimentConfig, config_from_args
-from node.metrics import MetricsWriter
-from node.results import (
+from node.cli.experiment import config_from_args
+from node.cli.main import build_parser
+from node.experiments.config import ExperimentConfig
+from node.experiments.results import (
     NodeResult,
     RunResult,
     load_run,
@@ -26,6 +25,8 @@ from node.results import (
     std_curves,
     summarize,
 )
+from node.experiments.sweep import Run, is_finished, local_command, plan_runs, write_atomic
+from node.observe.metrics import MetricsWriter
 
 
 def node(curve: list[float], model: str = "tiny-s", ext: int = 0) -> NodeResult:
@@ -168,7 +169,7 @@ def test_marker_is_atomic(tmp_path: Path) -> None:
 
 
 def test_plots_write_pngs(tmp_path: Path) -> None:
-    from node.plots import plot_cumulative, plot_reward_curves
+    from node.experiments.plots import plot_cumulative, plot_reward_curves
 
     s = summarize([run("8/0", 0, [0.1, 0.2, 0.3]), run("8/0", 1, [0.2, 0.2, 0.2]), run("4/4", 0, [0.3, 0.4, 0.5])])
     for path in (plot_reward_curves(s, tmp_path / "a.png"), plot_cumulative(s, tmp_path / "b.png")):

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from node.grpo import GRPOConfig, GRPOTrainer, LossNorm, drop_zero_advantage, group_advantages, grpo_loss
-from node.models import load_model
-from node.policy import Policy
-from node.verify import TrainGroup
+from node.tasks.verify import TrainGroup
+from node.training.grpo import GRPOConfig, GRPOTrainer, LossNorm, drop_zero_advantage, group_advantages, grpo_loss
+from node.training.models import load_model
+from node.training.policy import Policy
 from protocol.schema import TaskRef
 
 REF = TaskRef.make("max", {"digits": 4}, 0, 0)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import ResNetConfig
 
-import node.model_cache as mc
-from node.models import (
+import node.training.model_cache as mc
+from node.training.models import (
     ModelError,
     ModelNotFound,
     ModelPackageMissing,
@@ -19,7 +19,7 @@ from node.models import (
     load_model,
     recommended_defaults,
 )
-from node.policy import GenerationConfig, Policy
+from node.training.policy import GenerationConfig, Policy
 
 
 def _fake_convert(src_dir: Path, gguf_file: str, out_dir: Path) -> None:

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from node.models import BUILTIN_MODELS, ModelNotFound, load_model
-from node.policy import GenerationConfig, Policy, model_fingerprint
-from node.tokenizer import CHARACTERS, char_tokenizer
+from node.training.models import BUILTIN_MODELS, ModelNotFound, load_model
+from node.training.policy import GenerationConfig, Policy, model_fingerprint
+from node.training.tokenizer import CHARACTERS, char_tokenizer
 
 PROMPTS = ["max 3941=", "a", "count7 37719="]
 

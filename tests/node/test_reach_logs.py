@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from node.logs import CONTEXT, ContextFilter
-from node.reach import reachability_advice
+from node.observe.logs import CONTEXT, ContextFilter
+from node.observe.reach import reachability_advice
 
 PRIVATE = ["/ip4/127.0.0.1/tcp/31337/p2p/X", "/ip4/192.168.1.20/tcp/31337/p2p/X"]
 

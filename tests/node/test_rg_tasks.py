@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from node.rg_tasks import INSTRUCTION, RG_SPECS, RG_TASK_NAMES
-from node.tasks import BadTaskConfig, TaskMix, UnknownTask, build_task, task_from_ref, task_names
-from node.verify import verify_external
+from node.tasks.reasoning_gym import INSTRUCTION, RG_SPECS, RG_TASK_NAMES
+from node.tasks.registry import BadTaskConfig, TaskMix, UnknownTask, build_task, task_from_ref, task_names
+from node.tasks.verify import RejectReason, verify_external
 from protocol.schema import RolloutGroup, TaskRef
 
 pytest.importorskip("reasoning_gym")
@@ -69,4 +69,4 @@ def test_peer_group_is_rescored_locally() -> None:
     assert verdict.group is not None and verdict.group.rewards == (1.0, 0.0, 0.0)
     assert verdict.reward_mismatches == 2
     forged = RolloutGroup(item.ref, item.prompt + " ", completions, (1.0, 0.0, 0.0), "m")
-    assert verify_external(forged).reason == "prompt mismatch"
+    assert verify_external(forged).reason is RejectReason.PROMPT_MISMATCH

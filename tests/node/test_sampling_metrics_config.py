@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from node.config import NodeConfig
-from node.metrics import MetricsWriter, read_events
-from node.sampling import ExternalPool, choose
+from node.core.config import NodeConfig
+from node.core.pool import ExternalPool, choose
+from node.observe.metrics import MetricsWriter, read_events
 
 
 def g(*rewards: float) -> SimpleNamespace:

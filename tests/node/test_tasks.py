@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from node.tasks import (
+from node.tasks.registry import (
     BUILTIN_TASKS,
     BadTaskConfig,
     TaskDigestMismatch,

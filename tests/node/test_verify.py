@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from node.tasks import TaskItem, build_task, rollout_group
-from node.verify import local_group, verify_external
+from node.tasks.registry import TaskItem, build_task, rollout_group
+from node.tasks.verify import RejectReason, local_group, verify_external
 from protocol.schema import RolloutGroup, TaskRef
 
 
@@ -20,7 +20,7 @@ def _honest(name: str = "max") -> tuple[TaskItem, RolloutGroup]:
 def test_honest_group_is_accepted_with_local_rewards() -> None:
     item, group = _honest()
     verdict = verify_external(group, {"max", "min"}, source_peer="peerA")
-    assert verdict.ok and verdict.reason == "" and verdict.reward_mismatches == 0
+    assert verdict.ok and verdict.reason is None and verdict.reward_mismatches == 0
     assert verdict.group is not None
     assert verdict.group.rewards == (1.0, 0.0, 1.0, 0.0)
     assert verdict.group.source_peer == "peerA" and verdict.group.task_family == "max"
@@ -41,19 +41,21 @@ def test_tampered_prompt_is_rejected() -> None:
     _, group = _honest()
     tampered = dataclasses.replace(group, prompt="max 1111=")
     verdict = verify_external(tampered, None)
-    assert not verdict.ok and verdict.group is None and verdict.reason == "prompt mismatch"
+    assert not verdict.ok and verdict.group is None and verdict.reason is RejectReason.PROMPT_MISMATCH
 
 
 def test_bad_references_are_rejected() -> None:
     _, group = _honest()
     unwanted = verify_external(group, {"parity"})
-    assert unwanted.group is None and "unknown task family" in unwanted.reason
+    assert unwanted.group is None and unwanted.reason is RejectReason.UNKNOWN_FAMILY
     unknown = dataclasses.replace(group, task=TaskRef.make("chess", {}, 0, 0))
     assert verify_external(unknown, None).group is None
     bad_digest = dataclasses.replace(group, task=dataclasses.replace(group.task, config_digest="f" * 16))
-    assert "digest" in verify_external(bad_digest, None).reason
+    v = verify_external(bad_digest, None)
+    assert v.reason is RejectReason.BAD_TASK_REFERENCE and "digest" in v.detail
     bad_cfg = dataclasses.replace(group, task=TaskRef.make("max", {"digits": 500}, 1, 7))
-    assert "outside" in verify_external(bad_cfg, None).reason
+    v = verify_external(bad_cfg, None)
+    assert v.reason is RejectReason.BAD_TASK_REFERENCE and "outside" in v.detail
 
 
 def test_local_group_scores_locally() -> None:

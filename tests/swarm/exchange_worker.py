@@ -58,7 +58,7 @@ def _handle(ex: RolloutExchange, cmd: dict[str, Any]) -> dict[str, Any]:
         accepted = [[d.publisher, d.payload_digest, d.round, d.payload_size] for d, _ in res.accepted]
         return {
             "accepted": accepted,
-            "rejected": res.rejected,
+            "rejected": [[peer, r.reason.value, r.detail] for peer, r in res.rejected],
             "failed": res.failed,
             "seen": res.seen,
             "elapsed_s": res.elapsed_s,

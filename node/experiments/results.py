@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from node.metrics import read_events
+from node.observe.metrics import read_events
 
 SAPO_REFERENCE: dict[str, float] = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
 """SAPO's cumulative reward per local/external split (8 nodes, Qwen2.5-0.5B, 2000 rounds)."""

@@ -5,15 +5,15 @@
 - a built-in tiny model (``tiny-s``, ``tiny-m``, ``tiny-l``, ``tiny-gpt2``):
   defined from a transformers config in code (Llama and GPT-2, so that
   architectures and fingerprints differ), with the character tokenizer of
-  :mod:`node.tokenizer`; no file is downloaded and the initial weights depend
+  :mod:`node.training.tokenizer`; no file is downloaded and the initial weights depend
   only on the seed;
 - a packaged model (``smollm2-135m``): shipped as a GGUF file in a pip
-  package and converted once into a cache folder (see :mod:`node.model_cache`);
+  package and converted once into a cache folder (see :mod:`node.training.model_cache`);
 - the path of a local Hugging Face causal-LM folder (e.g. a Qwen2.5-0.5B you
   have on disk).
 
 Weights are always float32 (the optimiser's master copy); the policy computes
-in bfloat16 on a CUDA device that supports it (see :class:`node.policy.Policy`).
+in bfloat16 on a CUDA device that supports it (see :class:`node.training.policy.Policy`).
 :func:`recommended_defaults` gives per-model generation and learning-rate
 defaults that the CLI uses for flags the user did not pass.
 """
@@ -38,13 +38,13 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from node.model_cache import (
+from node.training.model_cache import (
     PACKAGED_MODELS,
     ModelError,
     ModelPackageMissing,
     ensure_converted,
 )
-from node.tokenizer import char_tokenizer
+from node.training.tokenizer import char_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from pointing reasoning-gym at arbitrary files or huge sizes.
 The prompt is the reasoning-gym question followed by :data:`INSTRUCTION`.
 Scoring extracts the answer from the completion (``<answer>`` tag,
 ``\\boxed{}``, ``Answer: x`` or the final non-empty line; see
-:mod:`node.answers`) and compares it exactly with the gold answer: 1.0 or 0.0,
+:mod:`node.tasks.answers`) and compares it exactly with the gold answer: 1.0 or 0.0,
 no partial credit (reasoning-gym's own ``score_answer`` gives partial credit
 for some families and raises on malformed input for others).
 
@@ -41,8 +41,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from node.answers import exact_match
-from node.tasks import _MAX_U63, BadTaskConfig, TaskFamily, TaskItem
+from node.tasks.answers import exact_match
+from node.tasks.base import MAX_U63, BadTaskConfig, TaskFamily, TaskItem
 from protocol.schema import Scalar, TaskRef
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class ReasoningGymFamily(TaskFamily):
 
     def item(self, seed: int, index: int) -> TaskItem:
         """The reasoning-gym item at (seed, index), with :data:`INSTRUCTION` appended to its question."""
-        if not (0 <= seed < _MAX_U63 and 0 <= index < _MAX_U63):
+        if not (0 <= seed < MAX_U63 and 0 <= index < MAX_U63):
             raise ValueError("seed and index must be in [0, 2^63)")
         entry = _dataset(self.dataset, tuple(sorted(self.config.items())), seed)[index]
         ref = TaskRef.make(self.name, self.config, seed, index)

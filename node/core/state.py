@@ -1,18 +1,35 @@
-"""What a node checkpoint holds, and putting it back (see :mod:`node.checkpoint` for the file)."""
+"""What a node checkpoint holds, and putting it back (see :mod:`node.core.checkpoint` for the file)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import random
+from pathlib import Path
+from typing import Any, Protocol
 
-from node.logs import CONTEXT
+from node.core.links import Sync
+from node.observe.logs import CONTEXT
+from node.training.grpo import GRPOTrainer
+from node.training.policy import Policy
 
-if TYPE_CHECKING:
-    from node.runner import Node
+
+class Checkpointable(Protocol):
+    """What a checkpoint captures and restores (a started :class:`~node.core.node.Node`)."""
+
+    peer_id: str
+    policy: Policy
+    trainer: GRPOTrainer
+    sync: Sync | None
+    round: int
+    sampler_rng: random.Random
+
+    @property
+    def run_dir(self) -> Path: ...
+
 
 FORMAT = 1
 
 
-def capture(node: Node) -> dict[str, Any]:
+def capture(node: Checkpointable) -> dict[str, Any]:
     """Weights, optimizer state, outer-sync state (anchor, momentum, revision), round and sampler RNG."""
     return {
         "format": FORMAT,
@@ -22,11 +39,11 @@ def capture(node: Node) -> dict[str, Any]:
         "model": node.policy.model.state_dict(),
         "optimizer": node.trainer.optimizer.state_dict(),
         "sync": None if node.sync is None else node.sync.state_dict(),
-        "rng": node._rng.getstate(),
+        "rng": node.sampler_rng.getstate(),
     }
 
 
-def restore(node: Node, state: dict[str, Any]) -> None:
+def restore(node: Checkpointable, state: dict[str, Any]) -> None:
     """Put a :func:`capture` back into a started node; a checkpoint of another model is a ValueError."""
     if state.get("format") != FORMAT:
         raise ValueError(f"checkpoint format {state.get('format')!r} is not {FORMAT}; start without --resume")
@@ -39,5 +56,5 @@ def restore(node: Node, state: dict[str, Any]) -> None:
     node.trainer.optimizer.load_state_dict(state["optimizer"])
     if node.sync is not None and state["sync"] is not None:
         node.sync.load_state_dict(state["sync"])
-    node._rng.setstate(state["rng"])
+    node.sampler_rng.setstate(state["rng"])
     node.round = CONTEXT.round = int(state["round"])

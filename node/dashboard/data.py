@@ -8,7 +8,6 @@ appended since the last poll, :class:`NodeView` folds events into figures, and
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from collections import Counter
@@ -51,18 +50,6 @@ class MetricsTail:
             if isinstance(rec, dict):
                 out.append(rec)
         return out
-
-
-def reason_category(reason: str) -> str:
-    """A short label for a rejection reason: the text before ':' without quoted values.
-
-    >>> reason_category("bad task reference: digest mismatch")
-    'bad task reference'
-    >>> reason_category("unknown task family 'xyz'")
-    'unknown task family'
-    """
-    head = reason.split(":", 1)[0]
-    return re.sub(r"\s*'[^']*'|\s*\"[^\"]*\"", "", head).strip()[:48] or "other"
 
 
 @dataclass

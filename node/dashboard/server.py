@@ -14,9 +14,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from node import prometheus
-from node.dashboard_data import SwarmView
-from node.dashboard_page import PAGE
+from node.dashboard import prometheus
+from node.dashboard.data import SwarmView
+from node.dashboard.page import PAGE
 from swarm.loop import LoopThread
 
 logger = logging.getLogger(__name__)

@@ -20,15 +20,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from node.checkpoint import CheckpointConfig, CheckpointError
-from node.cli import CliError, exit_now, install_stop_handlers, parse_host_port
-from node.config import NodeConfig
-from node.dashboard import Dashboard, DashboardConfig, node_view
-from node.grpo import GRPOConfig
-from node.models import recommended_defaults
-from node.policy import GenerationConfig
-from node.reach import reachability_advice
-from node.runner import Node, NodeParts
+from node.cli.errors import CliError
+from node.cli.main import parse_host_port
+from node.cli.signals import exit_now, install_stop_handlers
+from node.core.checkpoint import CheckpointConfig, CheckpointError
+from node.core.config import NodeConfig, NodeParts
+from node.core.node import Node
+from node.dashboard.server import Dashboard, DashboardConfig, node_view
+from node.observe.reach import reachability_advice
+from node.training.grpo import GRPOConfig
+from node.training.models import recommended_defaults
+from node.training.policy import GenerationConfig
 from swarm.errors import SwarmError
 from swarm.identity import IdentityError
 from swarm.membership import MembershipConfig, parse_peer_multiaddr
@@ -107,8 +109,8 @@ def _join_hint(addrs: list[str]) -> str:
 
 
 def _announce(node: Node, args: Any, dashboard_url: str) -> None:
-    assert node.membership is not None
-    addrs = node.membership.visible_multiaddrs()
+    assert node.links is not None
+    addrs = node.links.multiaddrs()
     if args.ready_file:
         info = {"peer": node.peer_id, "multiaddrs": addrs, "pid": os.getpid(), "dashboard": dashboard_url}
         tmp = Path(args.ready_file).with_suffix(".tmp")

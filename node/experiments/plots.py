@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 
-from node.results import SplitSummary, smooth
+from node.experiments.results import SplitSummary, smooth
 
 logger = logging.getLogger(__name__)
 

@@ -6,9 +6,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from node.cli import CliError, build_parser, parse_host_port
-from node.configfile import render_default_config
-from node.reach import listen_multiaddrs
+from node.cli.configfile import render_default_config
+from node.cli.errors import CliError
+from node.cli.main import build_parser, parse_host_port
+from node.observe.reach import listen_multiaddrs
 
 logger = logging.getLogger(__name__)
 

@@ -8,19 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
-from types import FrameType
 from typing import Any
 
-EXIT_USAGE = 2
-
-
-class CliError(Exception):
-    """A problem with the user's input or environment, explained in one sentence."""
+from node.cli.errors import EXIT_USAGE, CliError
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -103,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--round-timeout", type=float, default=120.0, help="give up if no node progresses this long")
     local.add_argument("--no-dashboard", action="store_true", help="do not serve the swarm dashboard")
     _add_tools(sub)
-    from node.experiment_config import add_experiment_parser
+    from node.cli.experiment import add_experiment_parser
 
     add_experiment_parser(sub)
     return parser
@@ -123,45 +115,14 @@ def parse_host_port(text: str | None, default_host: str) -> tuple[str, int]:
     return host or default_host, value
 
 
-def exit_now(code: int) -> None:
-    """Exit at once, taking this process's own children (DHT process, p2pd) along.
-
-    ``os._exit`` skips every cleanup, so without this the hivemind child and
-    its p2pd daemon would be left running as orphans.
-    """
-    try:
-        import psutil
-
-        for child in psutil.Process().children(recursive=True):
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-    finally:
-        os._exit(code)
-
-
-def install_stop_handlers(stop: threading.Event) -> None:
-    """First SIGINT/SIGTERM stops after the current step; a second Ctrl-C exits at once."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set() and signum == signal.SIGINT:
-            exit_now(130)
-        stop.set()
-        print("\nswarm-node: leaving after the current step (Ctrl-C again to exit now)", file=sys.stderr, flush=True)
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-
-
 # command -> "module:function" taking the parsed args and returning the exit status (imported lazily)
 COMMANDS = {
-    "start": "node.serve:run_node",
-    "join": "node.serve:run_node",
-    "local": "node.local:run_local",
-    "init": "node.tools:run_init",
-    "id": "node.tools:run_id",
-    "experiment": "node.experiment_config:run_experiment_cli",
+    "start": "node.cli.serve:run_node",
+    "join": "node.cli.serve:run_node",
+    "local": "node.cli.local:run_local",
+    "init": "node.cli.tools:run_init",
+    "id": "node.cli.tools:run_id",
+    "experiment": "node.cli.experiment:run_experiment_cli",
 }
 
 
@@ -169,7 +130,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     """Parse; with ``--config`` the file's values become defaults and flags are parsed again over them."""
     args = parser.parse_args(argv)
     if getattr(args, "config", None) and args.command in ("start", "join", "local", "id"):
-        from node.configfile import apply_config_file
+        from node.cli.configfile import apply_config_file
 
         lists = apply_config_file(parser, args.command, args.config)
         args = parser.parse_args(argv)
@@ -189,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
-        from node.logs import configure_logging
+        from node.observe.logs import configure_logging
 
         configure_logging(getattr(args, "verbose", 0))
         module, func = COMMANDS[args.command].split(":")

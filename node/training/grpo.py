@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from node.policy import Policy
-from node.verify import TrainGroup
+from node.tasks.verify import TrainGroup
+from node.training.policy import Policy
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from node.sampling import SAMPLING_POLICIES
+from node.core.checkpoint import CheckpointConfig
+from node.core.pool import SAMPLING_POLICIES
+from node.training.grpo import GRPOConfig
+from node.training.policy import GenerationConfig
+from swarm.exchange import ExchangeConfig
+from swarm.membership import MembershipConfig
+from swarm.sync import OuterSyncConfig
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
@@ -63,3 +69,15 @@ class NodeConfig:
     def isolated(self) -> bool:
         """A node that neither takes nor needs external groups."""
         return self.external_groups == 0
+
+
+@dataclass
+class NodeParts:
+    """Component configs of a node, each owned by its component."""
+
+    membership: MembershipConfig = field(default_factory=MembershipConfig)
+    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    sync: OuterSyncConfig | None = None  # None: no outer sync (SAPO sharing only)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -12,14 +12,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
-from node.tasks import TaskFamily, TaskItem, UnknownTask, task_from_ref
+from node.tasks.registry import TaskFamily, TaskItem, UnknownTask, task_from_ref
 from protocol.schema import RolloutGroup, TaskRef
 
 logger = logging.getLogger(__name__)
 
 REWARD_TOLERANCE = 1e-6
 """A claimed reward further than this from the local score counts as a mismatch."""
+
+
+class RejectReason(StrEnum):
+    """Why a peer's group was refused; counted by value in the round record (``rejected_reasons``)."""
+
+    UNKNOWN_FAMILY = "unknown task family"
+    BAD_TASK_REFERENCE = "bad task reference"
+    PROMPT_MISMATCH = "prompt mismatch"
+    BAD_GROUP_SHAPE = "bad group shape"
 
 
 @dataclass(frozen=True)
@@ -43,13 +53,14 @@ class Verdict:
     """The outcome of :func:`verify_external`.
 
     ``group`` is the train group (local rewards) or None when the peer's group
-    was refused, in which case ``reason`` says why. ``reward_mismatches``
-    counts claimed rewards that differ from the local score.
+    was refused, in which case ``reason`` says why (``detail`` is for the log).
+    ``reward_mismatches`` counts claimed rewards that differ from the local score.
     """
 
     group: TrainGroup | None
-    reason: str = ""
+    reason: RejectReason | None = None
     reward_mismatches: int = 0
+    detail: str = ""
 
     @property
     def ok(self) -> bool:
@@ -57,8 +68,8 @@ class Verdict:
         return self.group is not None
 
 
-def _rejected(reason: str) -> Verdict:
-    return Verdict(None, reason, 0)
+def _rejected(reason: RejectReason, detail: str = "") -> Verdict:
+    return Verdict(None, reason, 0, detail)
 
 
 def score_completions(family: TaskFamily, item: TaskItem, completions: Sequence[str]) -> tuple[float, ...]:
@@ -88,18 +99,18 @@ def verify_external(
     """
     family_name = group.task.family
     if known_families is not None and family_name not in known_families:
-        return _rejected(f"unknown task family {family_name!r}")
+        return _rejected(RejectReason.UNKNOWN_FAMILY, repr(family_name))
     try:
         family, item = task_from_ref(group.task)
     except UnknownTask as exc:
-        return _rejected(f"bad task reference: {exc}")
+        return _rejected(RejectReason.BAD_TASK_REFERENCE, str(exc))
     if group.prompt != item.prompt:
-        return _rejected("prompt mismatch")
+        return _rejected(RejectReason.PROMPT_MISMATCH)
     if not group.completions or len(group.completions) != len(group.rewards):
-        return _rejected("need >= 1 completion and one claimed reward per completion")
+        return _rejected(RejectReason.BAD_GROUP_SHAPE, "need >= 1 completion and one claimed reward per completion")
     local = score_completions(family, item, group.completions)
     mismatches = sum(1 for c, r in zip(group.rewards, local, strict=True) if abs(c - r) > REWARD_TOLERANCE)
     if mismatches:
         logger.debug("group from %s: %d claimed rewards differ from local scores", source_peer, mismatches)
     train = TrainGroup(item.prompt, tuple(group.completions), local, source_peer, family.name, group.task)
-    return Verdict(train, "", mismatches)
+    return Verdict(train, None, mismatches)

@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from node.cli import CliError
+from node.cli.errors import CliError
 
 NODE_COMMANDS = ("start", "join", "local")
 NOT_IN_FILE = {"help", "config"}  # flags that make no sense in a file

@@ -6,17 +6,14 @@ Flags, or a TOML/JSON file (``--config FILE``) whose keys are the fields of
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import signal
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from node.results import parse_split
-from node.sampling import SAMPLING_POLICIES
+from node.core.pool import SAMPLING_POLICIES
+from node.experiments.results import parse_split
 
 logger = logging.getLogger(__name__)
 
@@ -99,45 +96,8 @@ class ExperimentConfig:
         return {f.name: str(f.metadata.get("help", "")) for f in fields(cls)}
 
 
-_LISTS = {"splits", "sampling", "tasks", "models"}
-
-
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def add_experiment_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add the ``experiment`` subcommand to the subparsers of ``swarm-node``."""
-    p = sub.add_parser("experiment", help="SAPO's sharing table: local swarms per split and seed, table and plots")
-    p.add_argument("--config", default=None, help="TOML or JSON file with ExperimentConfig fields")
-    for f in fields(ExperimentConfig):
-        flag = "--" + f.name.replace("_", "-")
-        helptext = f.metadata["help"]
-        if f.name in _LISTS:
-            p.add_argument(flag, type=_csv, default=None, help=helptext + " (comma-separated)")
-        elif f.name == "progress":
-            p.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no display")
-        else:
-            kind = float if f.name in ("lr", "round_timeout") else (str if f.name == "out" else int)
-            p.add_argument(flag, type=kind, default=None, help=f"{helptext} (default {_default(f.name)})")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
-    return p
-
-
-def _default(name: str) -> Any:
-    return getattr(ExperimentConfig(), name)
-
-
-def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
-    """File values (if ``--config``), overridden by the flags given; raises ValueError."""
-    values: dict[str, Any] = {}
-    if args.config:
-        values.update(load_config_file(Path(args.config)))
-    for f in fields(ExperimentConfig):
-        given = getattr(args, f.name, None)
-        if given is not None:
-            values[f.name] = given
-    return ExperimentConfig(**values)
+LIST_FIELDS = {"splits", "sampling", "tasks", "models"}
+"""Fields given as comma-separated lists on the command line."""
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
@@ -161,33 +121,4 @@ def load_config_file(path: Path) -> dict[str, Any]:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"--config {path}: unknown keys {unknown}; known: {sorted(known)}")
-    return {k: tuple(v) if k in _LISTS and isinstance(v, list) else v for k, v in data.items()}
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
-def run_experiment_cli(args: argparse.Namespace) -> int:
-    """Entry point of ``swarm-node experiment``; returns the exit status."""
-    from node.cli import CliError
-    from node.experiment import run_sweep
-
-    try:
-        cfg = config_from_args(args)
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops the current run cleanly, like Ctrl-C
-    try:
-        report = run_sweep(cfg)
-    except KeyboardInterrupt:
-        print(f"\nswarm-node experiment: interrupted; run the same command again to resume in {cfg.out}")
-        return 130
-    out = Path(cfg.out)
-    print(f"swarm-node experiment: {len(report.results)} runs finished ({report.skipped} from before)")
-    if report.failed:
-        print(f"failed (rerun the command to retry): {', '.join(report.failed)}")
-    if report.results:
-        print((out / "results.md").read_text())
-        print(f"results: {out / 'results.json'}, {out / 'results.md'}, {out / 'reward_curves.png'}")
-    return 1 if report.failed else 0
+    return {k: tuple(v) if k in LIST_FIELDS and isinstance(v, list) else v for k, v in data.items()}

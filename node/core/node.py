@@ -6,102 +6,71 @@ deadline, and a node with no peers trains on its local groups alone.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from node import checkpoint, node_state
-from node.checkpoint import CheckpointConfig
-from node.config import NodeConfig
-from node.dashboard_data import reason_category
-from node.grpo import GRPOConfig, GRPOTrainer, drop_zero_advantage
-from node.logs import CONTEXT, PROGRESS
-from node.metrics import MetricsWriter
-from node.models import load_model
-from node.policy import GenerationConfig, Policy
-from node.sampling import ExternalPool
-from node.tasks import BUILTIN_TASKS, TaskItem, TaskMix, build_task
-from node.verify import TrainGroup, local_group, verify_external
+from node.core import checkpoint
+from node.core import state as node_state
+from node.core.config import NodeConfig, NodeParts
+from node.core.ingest import ingest
+from node.core.links import Exchange, Links, LinksFactory, Sync, hivemind_links
+from node.core.pool import ExternalPool
+from node.core.record import Collected, RoundRecord, mean
+from node.observe.logs import CONTEXT, PROGRESS
+from node.observe.metrics import MetricsWriter
+from node.tasks.registry import BUILTIN_TASKS, TaskItem, TaskMix, build_task
+from node.tasks.verify import TrainGroup, local_group
+from node.training.device import params_digest, resolve_device
+from node.training.grpo import GRPOTrainer, drop_zero_advantage
+from node.training.models import load_model
+from node.training.policy import Policy
 from protocol import RolloutBatch, RolloutGroup, short_id
-from swarm.exchange import ExchangeConfig, RolloutExchange
 from swarm.identity import load_or_create
-from swarm.membership import Membership, MembershipConfig
-from swarm.sync import RECORD_KINDS, OuterSync, OuterSyncConfig
-from swarm.validation import SignedRecordValidator, rollout_validator
 
 logger = logging.getLogger(__name__)
 progress = logging.getLogger(PROGRESS)
 
 
-def resolve_device(name: str) -> str:
-    """``auto`` picks cuda, then mps, then cpu; an explicit device must exist."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        if torch.backends.mps.is_available():
-            return "mps"
-        return "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("--device mps was asked for but MPS is not available; use --device cpu")
-    return name
-
-
-def params_digest(module: torch.nn.Module) -> str:
-    """sha256 (16 hex) of all parameter bytes: tells whether training changed the weights."""
-    h = hashlib.sha256()
-    for name, p in sorted(module.named_parameters()):
-        h.update(name.encode())
-        h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-@dataclass
-class NodeParts:
-    """Component configs of a node, each owned by its component."""
-
-    membership: MembershipConfig = field(default_factory=MembershipConfig)
-    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    sync: OuterSyncConfig | None = None  # None: no outer sync (SAPO sharing only)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-
-
-def swarm_validator() -> SignedRecordValidator:
-    """One DHT validator for every signed record kind a node stores (all nodes must agree)."""
-    return SignedRecordValidator({**rollout_validator().kinds, **RECORD_KINDS})
-
-
 class Node:
-    """A training node. ``start()``, then ``run()`` (or ``run_round()``), always ``shutdown()``."""
+    """A training node. ``start()``, then ``run()`` (or ``run_round()``), always ``shutdown()``.
 
-    def __init__(self, cfg: NodeConfig, parts: NodeParts | None = None, clock: Callable[[], float] = time.time) -> None:
+    ``links`` builds the network collaborators once identity and model are
+    loaded (default: join the hivemind swarm); ``clock`` is the wall clock
+    used for records and collect windows. Both are replaced in tests.
+    """
+
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        parts: NodeParts | None = None,
+        clock: Callable[[], float] = time.time,
+        links: LinksFactory = hivemind_links,
+    ) -> None:
         self.cfg = cfg
         self.parts = parts or NodeParts()
         self.clock = clock
+        self._links_factory = links
         self.round = 0
         self.stop_event = threading.Event()
-        self.membership: Membership | None = None
-        self.exchange: RolloutExchange | None = None
+        self.links: Links | None = None
+        self.exchange: Exchange | None = None
         self.pool: ExternalPool[TrainGroup] = ExternalPool(cfg.pool_capacity)
-        self._rng = random.Random(cfg.seed)
+        self.sampler_rng = random.Random(cfg.seed)
         self._tag = "------"
         self.metrics: MetricsWriter | None = None
-        self.sync: OuterSync | None = None
+        self.sync: Sync | None = None
         self.in_sync = False  # an outer sync round is running (it is finished, not cut, on leave)
         self.peers_seen: set[str] = set()
         self._checkpointed = -1  # round of the last checkpoint written or loaded
+        self._digest_start = ""  # weights' digest at start (set once the model is loaded)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -120,21 +89,18 @@ class Node:
         names = self.cfg.tasks or tuple(BUILTIN_TASKS)
         self.families = {n: build_task(n) for n in names}
         self.task_mix = TaskMix(list(self.families.values()), seed=self.cfg.seed)
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
-        self.membership = Membership(identity, self.parts.membership, [swarm_validator()]).start()
-        self.exchange = RolloutExchange(self.membership, self.parts.exchange, clock=self.clock)
-        self.exchange.start()
-        if self.parts.sync is not None:
-            self.sync = OuterSync(self.membership, model, self.parts.sync, clock=self.clock)
-        resumed = self._resume() if self.parts.checkpoint.resume else None
         self._digest_start = params_digest(model)
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+        self.links = self._links_factory(identity, self.parts, model, self.clock)
+        self.exchange, self.sync = self.links.exchange, self.links.sync
+        resumed = self._resume() if self.parts.checkpoint.resume else None
         self.metrics.write(
             "start",
             time=self.clock(),
             peer=self.peer_id,
             model=model_id,
             tasks=list(names),
-            multiaddrs=self.membership.visible_multiaddrs(),
+            multiaddrs=self.links.multiaddrs(),
             params=sum(p.numel() for p in model.parameters()),
         )
         if resumed is not None:
@@ -191,11 +157,11 @@ class Node:
             )
         if self.exchange is not None:
             self.exchange.close()
-        if self.membership is not None:
-            self.membership.shutdown()
+        if self.links is not None:
+            self.links.leave()
         if self.metrics is not None:
             self.metrics.close()
-        self.sync, self.exchange, self.membership, self.metrics = None, None, None, None
+        self.sync, self.exchange, self.links, self.metrics = None, None, None, None
 
     def _final_checkpoint(self) -> None:
         if not self.parts.checkpoint.every or self.round == self._checkpointed or self.round == 0:
@@ -205,7 +171,7 @@ class Node:
         except Exception as e:  # leaving anyway: the previous checkpoint is still intact
             logger.error("final checkpoint failed: %s", e)
 
-    def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> None:
         """Run rounds until ``cfg.rounds`` are done or ``stop_event`` is set."""
         while not self.stop_event.is_set() and (self.cfg.rounds == 0 or self.round < self.cfg.rounds):
             record = self.run_round()
@@ -220,7 +186,7 @@ class Node:
         self.round -= 1
         CONTEXT.round = self.round
 
-    def run_round(self) -> dict[str, Any] | None:
+    def run_round(self) -> RoundRecord | None:
         """Generate, score and share local groups; take verified external ones; train once.
 
         ``stop_event`` is checked between phases: before training the round is
@@ -241,7 +207,7 @@ class Node:
         if self.stop_event.is_set():
             self._abort_round("collecting")
             return None
-        external = self.pool.take(self.cfg.external_groups, self.cfg.sampling, self._rng)
+        external = self.pool.take(self.cfg.external_groups, self.cfg.sampling, self.sampler_rng)
         kept, n_dropped = drop_zero_advantage(local + external)
         stats = self.trainer.step(kept) if kept else {}
         sync = self._maybe_sync()
@@ -261,19 +227,16 @@ class Node:
         dropped: int,
         loss: float | None,
         t0: float,
-    ) -> dict[str, Any]:
-        """Write this round's metrics event."""
+    ) -> RoundRecord:
+        """This round's record, also written as the ``round`` metrics event."""
         rewards = [r for g in local for r in g.rewards]
-        ext_rewards = [r for g in external for r in g.rewards]
         traffic = self.exchange.stats() if self.exchange is not None else {}
-        assert self.metrics is not None
-        return self.metrics.write(
-            "round",
+        record = RoundRecord(
             time=self.clock(),
             peer=self.peer_id,
             round=self.round,
             reward_mean=sum(rewards) / len(rewards),
-            external_reward_mean=_mean(ext_rewards),
+            external_reward_mean=mean([r for g in external for r in g.rewards]),
             local_groups=len(local),
             external_groups=len(external),
             external_rejected=sum(collected.reasons.values()),
@@ -292,16 +255,18 @@ class Node:
             loss=loss,
             round_s=time.monotonic() - t0,
         )
+        assert self.metrics is not None
+        self.metrics.write(RoundRecord.EVENT, **record.to_event())
+        return record
 
-    def _log_progress(self, record: dict[str, Any], sync: str) -> None:
+    def _log_progress(self, r: RoundRecord, sync: str) -> None:
         """The one line per round shown by default."""
-        ext = record["external_reward_mean"]
+        ext = r.external_reward_mean
         progress.info(
             "reward %.3f (external %s) | groups %d local + %d external, %d rejected, %d no signal | "
             "pool %d | peers %d%s | %.2fs",
-            record["reward_mean"], "-" if ext is None else f"{ext:.3f}", record["local_groups"],
-            record["external_groups"], record["external_rejected"], record["dropped_zero_adv"],
-            record["pool"], record["peers_seen"], sync, record["round_s"],
+            r.reward_mean, "-" if ext is None else f"{ext:.3f}", r.local_groups, r.external_groups,
+            r.external_rejected, r.dropped_zero_adv, r.pool, r.peers_seen, sync, r.round_s,
         )  # fmt: skip
 
     def _maybe_sync(self) -> str:
@@ -353,46 +318,10 @@ class Node:
 
     def _collect(self) -> Collected:
         """Fetch new peer batches, re-verify every group locally, add the good ones to the pool."""
-        out = Collected()
         if self.cfg.isolated or self.cfg.collect_limit == 0:
-            return out
+            return Collected()
         assert self.exchange is not None
         self.exchange.round = self.round
         since = self.clock() - self.parts.exchange.descriptor_ttl_s
         result = self.exchange.collect(since=since, limit=self.cfg.collect_limit)
-        out.fetch_failed = len(result.failed)
-        self.peers_seen.update(p for p, _ in result.failed)
-        for peer, reason in result.rejected:
-            self.peers_seen.add(peer)
-            out.reasons[reason_category(reason)] += 1
-            logger.info("rejected batch from %s: %s", short_id(peer), reason)
-        for desc, batch in result.accepted:
-            self.peers_seen.add(desc.publisher)
-            out.from_peers[short_id(desc.publisher)] = out.from_peers.get(short_id(desc.publisher), 0) + 1
-            good = []
-            for group in batch.groups:
-                verdict = verify_external(group, None, source_peer=desc.publisher)
-                out.mismatches += verdict.reward_mismatches
-                if verdict.group is None:
-                    out.reasons[reason_category(verdict.reason)] += 1
-                    logger.info("rejected group from %s: %s", short_id(desc.publisher), verdict.reason)
-                else:
-                    good.append(verdict.group)
-            out.accepted += len(good)
-            self.pool.add(good)
-        return out
-
-
-@dataclass
-class Collected:
-    """What one round's collect step brought: rejections by reason, mismatches, failures, batches per peer."""
-
-    reasons: Counter[str] = field(default_factory=Counter)
-    accepted: int = 0
-    mismatches: int = 0
-    fetch_failed: int = 0
-    from_peers: dict[str, int] = field(default_factory=dict)
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+        return ingest(result, self.pool, self.peers_seen)

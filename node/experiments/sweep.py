@@ -26,9 +26,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from node.experiment_config import ExperimentConfig
-from node.metrics import read_events
-from node.results import (
+from node.experiments.config import ExperimentConfig
+from node.experiments.results import (
     RunResult,
     load_run,
     markdown_table,
@@ -37,6 +36,7 @@ from node.results import (
     share_baseline,
     summarize,
 )
+from node.observe.metrics import read_events
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class SweepReport:
 
 def run_sweep(cfg: ExperimentConfig) -> SweepReport:
     """Run every unfinished configuration, then write the aggregate files. Resumable."""
-    from node.progress import SweepProgress
+    from node.experiments.progress import SweepProgress
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -209,8 +209,8 @@ def run_sweep(cfg: ExperimentConfig) -> SweepReport:
 
 def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path) -> None:
     """results.json, results.md and the PNG plots, from the finished runs."""
-    from node.plots import plot_cumulative, plot_reward_curves
-    from node.results import SAPO_REFERENCE
+    from node.experiments.plots import plot_cumulative, plot_reward_curves
+    from node.experiments.results import SAPO_REFERENCE
 
     summaries = summarize(share_baseline(results, cfg.sampling), order=cfg.sampling)
     data = {

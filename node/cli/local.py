@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from node.cli import CliError, install_stop_handlers, node_args_to_list
-from node.dashboard import Dashboard, DashboardConfig, swarm_view
-from node.metrics import read_events
+from node.cli.errors import CliError
+from node.cli.main import node_args_to_list
+from node.cli.signals import install_stop_handlers
+from node.dashboard.server import Dashboard, DashboardConfig, swarm_view
+from node.observe.metrics import read_events
 from protocol import short_id
 from swarm.identity import load_or_create
 

@@ -1,0 +1,83 @@
+"""A node's network collaborators, behind small protocols, and the factory that builds the real ones.
+
+:class:`~node.core.node.Node` never constructs hivemind objects itself: it
+asks a :data:`LinksFactory` for them once its identity and model are loaded.
+The default, :func:`hivemind_links`, joins the swarm (membership, rollout
+exchange, optional outer sync); tests pass a factory returning an in-process
+exchange, so a whole round runs without processes or sockets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from node.core.config import NodeParts
+from protocol import RolloutBatch
+from swarm.exchange import CollectResult, RolloutExchange
+from swarm.identity import Identity
+from swarm.membership import Membership
+from swarm.sync import RECORD_KINDS, OuterSync, SyncReport
+from swarm.validation import SignedRecordValidator, rollout_validator
+
+
+class Exchange(Protocol):
+    """What a round needs from the rollout exchange (see :class:`swarm.exchange.RolloutExchange`)."""
+
+    round: int
+
+    def publish(self, batch: RolloutBatch) -> object: ...
+
+    def collect(self, since: float, limit: int) -> CollectResult: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+class Sync(Protocol):
+    """What a round needs from the outer sync (see :class:`swarm.sync.OuterSync`)."""
+
+    def maybe_sync(self, inner_step: int) -> SyncReport | None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Links:
+    """The collaborators of a started node; ``leave`` disconnects from the swarm (after the others closed)."""
+
+    exchange: Exchange
+    sync: Sync | None = None
+    multiaddrs: Callable[[], list[str]] = list
+    leave: Callable[[], None] = lambda: None
+    membership: Membership | None = field(default=None, repr=False)
+
+
+LinksFactory = Callable[[Identity, NodeParts, torch.nn.Module, Callable[[], float]], Links]
+"""(identity, configs, model, clock) -> the started collaborators."""
+
+
+def swarm_validator() -> SignedRecordValidator:
+    """One DHT validator for every signed record kind a node stores (all nodes must agree)."""
+    return SignedRecordValidator({**rollout_validator().kinds, **RECORD_KINDS})
+
+
+def hivemind_links(identity: Identity, parts: NodeParts, model: torch.nn.Module, clock: Callable[[], float]) -> Links:
+    """Join the swarm: membership (bounded bootstrap), the rollout exchange and, if configured, the outer sync."""
+    membership = Membership(identity, parts.membership, [swarm_validator()]).start()
+    try:
+        exchange = RolloutExchange(membership, parts.exchange, clock=clock)
+        exchange.start()
+        sync = OuterSync(membership, model, parts.sync, clock=clock) if parts.sync is not None else None
+    except BaseException:
+        membership.shutdown()
+        raise
+    return Links(exchange, sync, membership.visible_multiaddrs, membership.shutdown, membership)

@@ -1,0 +1,1 @@
+"""The live dashboard and Prometheus endpoint: read-only views of the nodes' ``metrics.jsonl`` files."""
