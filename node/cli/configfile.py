@@ -119,7 +119,7 @@ def _example(action: argparse.Action) -> str:
     if isinstance(action, argparse._StoreTrueAction):
         return "false"
     if action.default is None:
-        return '""' if action.type is None else "0"
+        return '""' if action.type in (None, str) else "0"
     return _toml_value(action.default)
 
 

@@ -19,7 +19,9 @@ def _csv(text: str) -> tuple[str, ...]:
 
 def add_experiment_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``experiment`` subcommand to the subparsers of ``swarm-node``."""
-    p = sub.add_parser("experiment", help="SAPO's sharing table: local swarms per split and seed, table and plots")
+    p: argparse.ArgumentParser = sub.add_parser(
+        "experiment", help="SAPO's sharing table: local swarms per split and seed, table and plots"
+    )
     p.add_argument("--config", default=None, help="TOML or JSON file with ExperimentConfig fields")
     for f in fields(ExperimentConfig):
         flag = "--" + f.name.replace("_", "-")

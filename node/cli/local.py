@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from node.cli.errors import CliError
 from node.cli.main import node_args_to_list
 from node.cli.signals import install_stop_handlers
+from node.core.options import LocalOptions, default_of
 from node.dashboard.server import Dashboard, DashboardConfig, swarm_view
 from node.observe.metrics import read_events
 from protocol import short_id
@@ -49,7 +50,7 @@ class Child:
 def _models(args: Any) -> list[str]:
     if args.models:
         return [m.strip() for m in args.models.split(",") if m.strip()]
-    if args.model != "tiny-s":  # the user named one model: use it everywhere
+    if args.model != default_of(LocalOptions, "model"):  # the user named one model: use it everywhere
         return [args.model]
     return list(DEFAULT_LOCAL_MODELS)
 

@@ -23,18 +23,15 @@ from typing import Any
 from node.cli.errors import CliError
 from node.cli.main import parse_host_port
 from node.cli.signals import exit_now, install_stop_handlers
-from node.core.checkpoint import CheckpointConfig, CheckpointError
-from node.core.config import NodeConfig, NodeParts
+from node.core.assemble import node_configs
+from node.core.checkpoint import CheckpointError
 from node.core.node import Node
+from node.core.options import JoinOptions, NodeOptions, options_from
 from node.dashboard.server import Dashboard, DashboardConfig, node_view
 from node.observe.reach import reachability_advice
-from node.training.grpo import GRPOConfig
-from node.training.models import recommended_defaults
-from node.training.policy import GenerationConfig
 from swarm.errors import SwarmError
 from swarm.identity import IdentityError
-from swarm.membership import MembershipConfig, parse_peer_multiaddr
-from swarm.sync import OuterSyncConfig
+from swarm.membership import parse_peer_multiaddr
 
 logger = logging.getLogger(__name__)
 
@@ -44,62 +41,17 @@ EXIT_LEAVE_TIMEOUT = 1
 
 def build_node(args: Any) -> Node:
     """Turn parsed flags into a :class:`Node`; bad values become one-sentence CliErrors."""
-    peers = tuple(getattr(args, "peer", None) or ())
+    cls = JoinOptions if getattr(args, "command", "") == "join" else NodeOptions
+    opts = options_from(cls, args)
+    peers = tuple(getattr(opts, "peer", ()))
     try:
         for p in peers:
             parse_peer_multiaddr(p)
-        host, port = parse_host_port(args.host_port, "0.0.0.0")
-        cfg = NodeConfig(
-            model=args.model,
-            tasks=tuple(args.task),
-            seed=args.seed,
-            rounds=args.rounds,
-            local_groups=args.local_groups,
-            external_groups=args.external_groups,
-            num_generations=args.generations,
-            sampling=args.sampling,
-            log_dir=args.log_dir,
-            device=args.device,
-            max_threads=args.max_threads,
-            identity=args.identity,
-        )
-        # per-model defaults, only for flags the user did not pass (node/models.py: recommended_defaults)
-        rec = recommended_defaults(args.model)
-        max_new = args.max_new_tokens or rec["max_new_tokens"]
-        lr = rec["learning_rate"] if args.lr is None else args.lr
-        grpo = GRPOConfig(learning_rate=lr, micro_batch_size=rec["micro_batch_size"])
-        parts = NodeParts(
-            generation=GenerationConfig(temperature=args.temperature, max_new_tokens=max_new),
-            grpo=grpo,
-            sync=_sync_config(args),
-            membership=_membership_config(args, host, port, peers),
-            checkpoint=CheckpointConfig(every=args.checkpoint_every, resume=args.resume),
-        )
+        host, port = parse_host_port(opts.host_port, "0.0.0.0")
+        cfg, parts = node_configs(opts, host, port, peers)
     except ValueError as e:
         raise CliError(str(e)) from None
     return Node(cfg, parts)
-
-
-def _membership_config(args: Any, host: str, port: int, peers: tuple[str, ...]) -> MembershipConfig:
-    return MembershipConfig(
-        swarm_id=args.swarm_id,
-        host=host,
-        port=port,
-        announce=tuple(args.announce),
-        initial_peers=peers,
-        client_mode=args.client_mode,
-        use_relay=not args.no_relay,
-        use_auto_relay=args.auto_relay,
-        bootstrap_attempts=args.bootstrap_attempts,
-    )
-
-
-def _sync_config(args: Any) -> OuterSyncConfig | None:
-    if args.sync_every < 0:
-        raise ValueError(f"--sync-every {args.sync_every}: use 0 (off) or a positive number of rounds")
-    if args.sync_every == 0:
-        return None
-    return OuterSyncConfig(sync_every=args.sync_every, compression=args.sync_compression, outer_lr=args.outer_lr)
 
 
 def _join_hint(addrs: list[str]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from node.core.checkpoint import CheckpointConfig
+from node.core.options import DEFAULT_IDENTITY, DEFAULT_MODEL
 from node.core.pool import SAMPLING_POLICIES
 from node.training.grpo import GRPOConfig
 from node.training.policy import GenerationConfig
@@ -23,7 +24,7 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 class NodeConfig:
     """What one node trains, on what, and how it shares."""
 
-    model: str = field(default="tiny-s", metadata={"help": "Built-in model name or a local HF model folder."})
+    model: str = field(default=DEFAULT_MODEL, metadata={"help": "Built-in model name or a local HF model folder."})
     tasks: tuple[str, ...] = field(default=(), metadata={"help": "Task families to sample from; empty = all."})
     seed: int = field(default=0, metadata={"help": "Seed for model init, task sampling and generation."})
     rounds: int = field(default=0, metadata={"help": "Rounds to run before stopping; 0 runs until stopped."})
@@ -39,9 +40,7 @@ class NodeConfig:
     log_dir: str = field(default="runs", metadata={"help": "Metrics go to <log_dir>/<peer-short-id>/."})
     device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or mps."})
     max_threads: int = field(default=0, metadata={"help": "CPU threads for torch; 0 leaves torch's default."})
-    identity: str = field(
-        default="~/.swarm-node/identity.key", metadata={"help": "Ed25519 key file; created on first run."}
-    )
+    identity: str = field(default=DEFAULT_IDENTITY, metadata={"help": "Ed25519 key file; created on first run."})
 
     def __post_init__(self) -> None:
         checks = [

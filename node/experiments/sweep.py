@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from node.core.options import LocalOptions, to_argv
 from node.experiments.config import ExperimentConfig
 from node.experiments.results import (
     RunResult,
@@ -95,21 +96,14 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path) -> list[str]:
-    """The ``swarm-node local`` command line of one run."""
-    cmd = [sys.executable, "-m", "node", "local", "--nodes", str(cfg.nodes), "--rounds", str(cfg.rounds)]
-    cmd += ["--local", str(run.local), "--external", str(run.external), "--sampling", run.sampling]
-    cmd += ["--seed", str(run.seed), "--generations", str(cfg.generations), "--log-dir", str(run_dir)]
-    cmd += ["--round-timeout", str(cfg.round_timeout), "--swarm-id", f"exp-{run.sampling}-{run.local}-{run.seed}"]
-    cmd += ["--no-dashboard"]
-    if cfg.models:
-        cmd += ["--models", ",".join(cfg.models)]
-    if cfg.lr is not None:
-        cmd += ["--lr", str(cfg.lr)]
-    if cfg.max_new_tokens:
-        cmd += ["--max-new-tokens", str(cfg.max_new_tokens)]
-    for task in cfg.tasks:
-        cmd += ["--task", task]
-    return cmd
+    """The ``swarm-node local`` command line of one run (flags generated from :class:`LocalOptions`)."""
+    opts = LocalOptions(
+        nodes=cfg.nodes, rounds=cfg.rounds, local_groups=run.local, external_groups=run.external,
+        sampling=run.sampling, seed=run.seed, generations=cfg.generations, log_dir=str(run_dir),
+        round_timeout=cfg.round_timeout, swarm_id=f"exp-{run.sampling}-{run.local}-{run.seed}", no_dashboard=True,
+        models=",".join(cfg.models), lr=cfg.lr, max_new_tokens=cfg.max_new_tokens, task=tuple(cfg.tasks),
+    )  # fmt: skip
+    return [sys.executable, "-m", "node", "local", *to_argv(opts, only="changed")]
 
 
 def rounds_done(run_dir: Path) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -218,27 +219,36 @@ def load_model(
     return model, tokenizer, model_id
 
 
-TINY_DEFAULTS: dict[str, Any] = {"max_new_tokens": 1, "learning_rate": 1e-3, "micro_batch_size": 64}
-"""Defaults for the built-in tiny models: one-token answers, a large learning rate."""
+@dataclass(frozen=True)
+class ModelDefaults:
+    """Per-model defaults for the settings that depend on the model; the CLI uses them for flags not given."""
 
-REAL_LM_DEFAULTS: dict[str, Any] = {"max_new_tokens": 64, "learning_rate": 1e-6, "micro_batch_size": 8}
-"""Defaults for a pretrained LM folder: room for a short answer, a small learning rate, small micro-batches."""
+    max_new_tokens: int
+    learning_rate: float
+    micro_batch_size: int
 
-PACKAGED_DEFAULTS: dict[str, dict[str, Any]] = {
+
+TINY_DEFAULTS = ModelDefaults(max_new_tokens=1, learning_rate=1e-3, micro_batch_size=64)
+"""Built-in tiny models: one-token answers, a large learning rate (also the component dataclasses' defaults)."""
+
+REAL_LM_DEFAULTS = ModelDefaults(max_new_tokens=64, learning_rate=1e-6, micro_batch_size=8)
+"""A pretrained LM folder: room for a short answer, a small learning rate, small micro-batches."""
+
+PACKAGED_DEFAULTS: dict[str, ModelDefaults] = {
     # 135M parameters on a CPU: short completions keep a round near a minute; 2e-6 moves the
     # weights measurably within a few rounds without wrecking the instruct model.
-    "smollm2-135m": {"max_new_tokens": 32, "learning_rate": 2e-6, "micro_batch_size": 8},
+    "smollm2-135m": ModelDefaults(max_new_tokens=32, learning_rate=2e-6, micro_batch_size=8),
 }
 
 
-def recommended_defaults(name_or_path: str) -> dict[str, Any]:
+def recommended_defaults(name_or_path: str) -> ModelDefaults:
     """Recommended ``max_new_tokens``, ``learning_rate`` and ``micro_batch_size`` for a model.
 
     The CLI applies them only to flags the user did not pass.
 
-    >>> recommended_defaults("tiny-s")["max_new_tokens"], recommended_defaults("smollm2-135m")["max_new_tokens"]
+    >>> recommended_defaults("tiny-s").max_new_tokens, recommended_defaults("smollm2-135m").max_new_tokens
     (1, 32)
     """
     if name_or_path in BUILTIN_MODELS:
-        return dict(TINY_DEFAULTS)
-    return dict(PACKAGED_DEFAULTS.get(name_or_path, REAL_LM_DEFAULTS))
+        return TINY_DEFAULTS
+    return PACKAGED_DEFAULTS.get(name_or_path, REAL_LM_DEFAULTS)

@@ -44,7 +44,8 @@ class GenerationConfig:
         default=1.0, metadata={"help": "Nucleus sampling: keep the smallest token set with this mass, in (0, 1]."}
     )
     max_new_tokens: int = field(
-        default=4, metadata={"help": "Most tokens sampled per completion (eos included), >= 1."}
+        default=1,  # the built-in tiny models answer in one token; see node.training.models.ModelDefaults
+        metadata={"help": "Most tokens sampled per completion (eos included), >= 1."},
     )
 
     def __post_init__(self) -> None:

@@ -144,10 +144,20 @@ def test_plan_runs_runs_no_sharing_once() -> None:
 def test_local_command_has_equal_compute_split(tmp_path: Path) -> None:
     cfg = ExperimentConfig(nodes=3, models=("tiny-s", "tiny-m"), tasks=("max",), lr=0.002)
     cmd = local_command(cfg, Run("advantage", 6, 2, 100), tmp_path)
-    text = " ".join(cmd)
-    for part in ("local --nodes 3", "--local 6 --external 2", "--sampling advantage", "--seed 100"):
-        assert part in text
-    assert "--models tiny-s,tiny-m" in text and "--task max" in text and "--lr 0.002" in text
+    assert cmd[1:4] == ["-m", "node", "local"]
+    args = build_parser().parse_args(cmd[3:])  # the generated flags parse back to the run's values
+    got = {k: getattr(args, k) for k in ("nodes", "local_groups", "external_groups", "sampling", "seed", "lr")}
+    assert got == {
+        "nodes": 3,
+        "local_groups": 6,
+        "external_groups": 2,
+        "sampling": "advantage",
+        "seed": 100,
+        "lr": 0.002,
+    }
+    assert (
+        args.models == "tiny-s,tiny-m" and args.task == ["max"] and args.no_dashboard and args.log_dir == str(tmp_path)
+    )
 
 
 def test_config_file_and_flags(tmp_path: Path) -> None:

@@ -1,0 +1,55 @@
+"""Assembling a node's configs from its options: the node's own, and each component's.
+
+Kept apart from :mod:`node.core.options` because it imports the components
+(torch, transformers, hivemind), which the command line must not wait for.
+"""
+
+from __future__ import annotations
+
+from node.core.checkpoint import CheckpointConfig
+from node.core.config import NodeConfig, NodeParts
+from node.core.options import NodeOptions
+from node.training.grpo import GRPOConfig
+from node.training.models import recommended_defaults
+from node.training.policy import GenerationConfig
+from swarm.exchange import ExchangeConfig
+from swarm.membership import MembershipConfig
+from swarm.sync import OuterSyncConfig
+
+
+def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...] = ()) -> tuple[NodeConfig, NodeParts]:
+    """The node's and its components' configs from the options; a bad value raises ValueError naming the fix.
+
+    Per-model defaults (:func:`~node.training.models.recommended_defaults`) fill
+    ``max_new_tokens`` (when 0) and the learning rate (when None).
+    """
+    cfg = NodeConfig(
+        model=opts.model, tasks=tuple(opts.task), seed=opts.seed, rounds=opts.rounds,
+        local_groups=opts.local_groups, external_groups=opts.external_groups, num_generations=opts.generations,
+        sampling=opts.sampling, log_dir=opts.log_dir, device=opts.device, max_threads=opts.max_threads,
+        identity=opts.identity,
+    )  # fmt: skip
+    rec = recommended_defaults(opts.model)
+    if opts.sync_every < 0:
+        raise ValueError(f"--sync-every {opts.sync_every}: use 0 (off) or a positive number of rounds")
+    sync = None
+    if opts.sync_every > 0:
+        sync = OuterSyncConfig(sync_every=opts.sync_every, compression=opts.sync_compression, outer_lr=opts.outer_lr)
+    membership = MembershipConfig(
+        swarm_id=opts.swarm_id, host=host, port=port, announce=tuple(opts.announce), initial_peers=peers,
+        client_mode=opts.client_mode, use_relay=not opts.no_relay, use_auto_relay=opts.auto_relay,
+        bootstrap_attempts=opts.bootstrap_attempts,
+    )  # fmt: skip
+    generation = GenerationConfig(
+        temperature=opts.temperature, max_new_tokens=opts.max_new_tokens or rec.max_new_tokens
+    )
+    learning_rate = rec.learning_rate if opts.lr is None else opts.lr
+    parts = NodeParts(
+        membership=membership,
+        exchange=ExchangeConfig(),
+        generation=generation,
+        grpo=GRPOConfig(learning_rate=learning_rate, micro_batch_size=rec.micro_batch_size),
+        sync=sync,
+        checkpoint=CheckpointConfig(every=opts.checkpoint_every, resume=opts.resume),
+    )
+    return cfg, parts

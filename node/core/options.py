@@ -1,0 +1,184 @@
+"""Every option a user sets on a node, in one place: the CLI flags, TOML keys and child flag lists come from here.
+
+:class:`NodeOptions` lists the options of ``start``, ``join`` and ``local``
+(with :class:`JoinOptions` and :class:`LocalOptions` adding their own). Each
+field carries its help text and CLI spelling in its metadata;
+:mod:`node.cli.flags` turns the fields into argparse flags (and so into the
+keys of the config file and the file ``swarm-node init`` writes), and
+:func:`to_argv` turns values back into a command line for child processes.
+
+This module imports only the standard library, so parsing the command line
+(and every one-sentence error) stays fast. Where an option feeds a
+component's config, its default must be that component's default:
+:func:`node.core.assemble.node_configs` builds the components, and
+``tests/node/test_options.py`` checks that the default options give exactly
+the components' own defaults.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+NODE = "node"
+SYNC = "outer sync (DiLoCo, among peers of the same architecture)"
+CHECKPOINTS = "checkpoints"
+DASHBOARD = "dashboard"
+NETWORK = "network"
+
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    group: str = NODE,
+    flag: str = "",
+    short: str = "",
+    count: bool = False,
+    hidden: bool = False,
+    inherit: bool = False,
+) -> Any:
+    """A dataclass field that is also a CLI flag.
+
+    ``flag`` overrides the spelling (default ``--field-name``); ``count`` makes a
+    repeatable switch (``-vv``); ``hidden`` flags are internal (not in help or
+    config files); ``inherit`` marks options that ``local`` hands to every child
+    node. A ``bool`` field is a switch; a ``tuple[str, ...]`` field is a
+    repeatable flag.
+    """
+    meta = {"help": help, "group": group, "flag": flag, "short": short, "count": count}
+    meta |= {"hidden": hidden, "inherit": inherit}
+    return field(default=default, metadata=meta)
+
+
+DEFAULT_MODEL = "tiny-s"
+DEFAULT_IDENTITY = "~/.swarm-node/identity.key"
+
+
+@dataclass
+class NodeOptions:
+    """The options of every node command (``start``, ``join``, ``local``)."""
+
+    model: str = option(DEFAULT_MODEL, "built-in model name or local HF model folder")
+    task: tuple[str, ...] = option((), "task family (repeatable; default: all)", inherit=True)
+    seed: int = option(0, "seed for init, sampling and generation")
+    rounds: int = option(0, "rounds to run; 0 runs until stopped", inherit=True)
+    local_groups: int = option(4, "I: local groups per round", flag="--local", inherit=True)
+    external_groups: int = option(4, "J: external groups per round", flag="--external", inherit=True)
+    generations: int = option(8, "G: completions per question", inherit=True)
+    max_new_tokens: int = option(
+        0, "tokens per completion (0: the model's default: 1 for built-in tiny models, 32 smollm2-135m, else 64)",
+        inherit=True,
+    )  # fmt: skip
+    temperature: float = option(1.0, "sampling temperature", inherit=True)
+    lr: float | None = option(None, "learning rate (default: the model's: 1e-3 tiny, 2e-6 smollm2-135m)", inherit=True)
+    sampling: str = option("uniform", "external group choice: uniform or advantage", inherit=True)
+    log_dir: str = option("runs", "metrics go to <log-dir>/<peer-short-id>/metrics.jsonl")
+    device: str = option("auto", "auto, cpu, cuda or mps", inherit=True)
+    max_threads: int = option(0, "cap torch CPU threads (0: torch default)")
+    verbose: int = option(0, "more log detail (-vv for debug)", short="-v", count=True, inherit=True)
+    sync_every: int = option(0, "rounds between outer syncs (H); 0 turns sync off", group=SYNC, inherit=True)
+    sync_compression: str = option("none", "none, fp16 or int8", group=SYNC, inherit=True)
+    outer_lr: float = option(0.7, "outer Nesterov SGD learning rate", group=SYNC, inherit=True)
+    checkpoint_every: int = option(
+        50, "rounds between checkpoints (also written on leave); 0: off", group=CHECKPOINTS, inherit=True
+    )
+    resume: bool = option(
+        False, "continue from the latest intact checkpoint in the log dir", group=CHECKPOINTS, inherit=True
+    )
+    dashboard_port: int | None = option(None, "serve the live dashboard on this port (0: any)", group=DASHBOARD)
+    dashboard_host: str = option("127.0.0.1", "dashboard bind address (0.0.0.0: your network)", group=DASHBOARD)
+    identity: str = option(DEFAULT_IDENTITY, "Ed25519 key file (created if missing)", group=NETWORK)
+    host_port: str | None = option(None, "listen address as PORT or HOST:PORT (default 0.0.0.0:0)", group=NETWORK)
+    announce: tuple[str, ...] = option((), "multiaddr to announce (repeatable)", group=NETWORK)
+    client_mode: bool = option(False, "accept no incoming connections (behind NAT)", group=NETWORK)
+    no_relay: bool = option(False, "do not use libp2p circuit relays to reach peers", group=NETWORK)
+    auto_relay: bool = option(False, "find a relay to be reachable through (behind NAT)", group=NETWORK)
+    bootstrap_attempts: int = option(4, "tries to reach --peer (backoff 1 s, doubling)", group=NETWORK)
+    swarm_id: str = option("swarm-node", "swarm name; keys are namespaced by it", group=NETWORK, inherit=True)
+    ready_file: str | None = option(None, "write peer id and addresses here once up (for local)", hidden=True)
+    hold: bool = option(False, "after the last round keep serving rollouts until stopped", hidden=True)
+    go_file: str | None = option(None, "wait for this file before the first round", hidden=True)
+
+
+@dataclass
+class JoinOptions(NodeOptions):
+    """``join``: the node options plus the peers to join through."""
+
+    peer: tuple[str, ...] = option((), "multiaddr of a peer (repeatable; required)", group=NETWORK)
+
+
+@dataclass
+class LocalOptions(NodeOptions):
+    """``local``: N nodes on this machine; some node defaults differ (a short run, its own folder, a dashboard)."""
+
+    rounds: int = option(20, "rounds to run", inherit=True)
+    log_dir: str = option("runs/local", "each node's metrics go to <log-dir>/<peer-short-id>/metrics.jsonl")
+    dashboard_port: int | None = option(8765, "serve the swarm dashboard on this port (0: any)", group=DASHBOARD)
+    nodes: int = option(4, "number of node processes", group="local swarm")
+    isolated: int = option(0, "run the last K nodes with --external 0 (side-by-side baseline)", group="local swarm")
+    models: str = option("", "comma-separated models assigned round-robin to nodes", group="local swarm")
+    round_timeout: float = option(120.0, "give up if no node progresses this long (s)", group="local swarm")
+    no_dashboard: bool = option(False, "do not serve the swarm dashboard", group="local swarm")
+
+
+def flag_of(f: Any) -> str:
+    """The long flag of an option field."""
+    return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
+
+
+def option_fields(cls: type[NodeOptions]) -> list[Any]:
+    """The option fields of ``cls`` in declaration order (a subclass's override keeps its first place)."""
+    return [f for f in fields(cls) if "group" in f.metadata]
+
+
+def option_types(cls: type[NodeOptions]) -> dict[str, Any]:
+    """Field name -> resolved type annotation."""
+    return typing.get_type_hints(cls)
+
+
+def to_argv(opts: NodeOptions, only: str = "inherited") -> list[str]:
+    """``opts`` as a command line: the options ``local`` hands to children (``only="inherited"``, every value
+    written out) or those that differ from their default (``only="changed"``).
+
+    None is left out; a switch appears only when on; a repeatable flag once per
+    value; a count as that many short flags.
+    """
+    out: list[str] = []
+    for f in option_fields(type(opts)):
+        value = getattr(opts, f.name)
+        if (only == "inherited" and not f.metadata["inherit"]) or (only == "changed" and value == f.default):
+            continue
+        out += _flag_words(f, value)
+    return out
+
+
+def _flag_words(f: Any, value: Any) -> list[str]:
+    flag = flag_of(f)
+    if value is None or value is False:
+        return []
+    if f.metadata["count"]:
+        return [f.metadata["short"] or flag] * int(value)
+    if value is True:
+        return [flag]
+    if isinstance(value, tuple | list):
+        return [w for v in value for w in (flag, str(v))]
+    return [flag, str(value)]
+
+
+def default_of(cls: type[NodeOptions], name: str) -> Any:
+    """The default of option ``name`` in ``cls``."""
+    for f in fields(cls):
+        if f.name == name:
+            return None if f.default is MISSING else f.default
+    raise KeyError(name)
+
+
+def options_from(cls: type[NodeOptions], values: Any) -> NodeOptions:
+    """Build ``cls`` from an argparse namespace (or any object with the fields as attributes)."""
+    kwargs: dict[str, Any] = {}
+    for f in option_fields(cls):
+        v = getattr(values, f.name)
+        kwargs[f.name] = tuple(v) if isinstance(v, list) else v
+    return cls(**kwargs)

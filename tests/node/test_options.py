@@ -1,0 +1,100 @@
+"""One source of configuration: CLI flags, TOML keys and child command lines come from the option dataclasses,
+and their defaults are the components' defaults."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+import pytest
+
+from node.cli.configfile import file_options, render_default_config, subcommand_parser
+from node.cli.main import build_parser, node_args_to_list
+from node.core.assemble import node_configs
+from node.core.config import NodeConfig, NodeParts
+from node.core.options import JoinOptions, LocalOptions, NodeOptions, flag_of, option_fields, to_argv
+from node.dashboard.server import DashboardConfig
+from node.training.grpo import GRPOConfig
+from node.training.models import TINY_DEFAULTS, recommended_defaults
+from node.training.policy import GenerationConfig
+from swarm.sync import OuterSyncConfig
+
+COMMANDS: dict[str, type[NodeOptions]] = {"start": NodeOptions, "join": JoinOptions, "local": LocalOptions}
+
+
+def _actions(command: str) -> dict[str, argparse.Action]:
+    sub = subcommand_parser(build_parser(), command)
+    return {a.dest: a for a in sub._actions if a.dest not in ("help", "config")}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_cli_default_is_the_dataclass_default(command: str) -> None:
+    cls = COMMANDS[command]
+    actions = _actions(command)
+    fields = {f.name: f for f in option_fields(cls)}
+    assert set(actions) == set(fields), "every flag is a field and every field a flag"
+    for name, f in fields.items():
+        default = actions[name].default
+        assert (tuple(default) if isinstance(default, list) else default) == f.default, name
+        assert flag_of(f) in actions[name].option_strings, name
+
+
+def test_default_options_give_the_components_own_defaults() -> None:
+    """The options' literal defaults (kept import-light for a fast CLI) equal each component's default."""
+    cfg, parts = node_configs(NodeOptions(), "0.0.0.0", 0)
+    assert cfg == NodeConfig()
+    assert parts == NodeParts()  # membership, exchange, generation, GRPO, no sync, checkpoints
+    assert TINY_DEFAULTS.max_new_tokens == GenerationConfig().max_new_tokens
+    assert TINY_DEFAULTS.learning_rate == GRPOConfig().learning_rate
+    assert TINY_DEFAULTS.micro_batch_size == GRPOConfig().micro_batch_size
+    assert NodeOptions().dashboard_host == DashboardConfig().host
+
+
+def test_sync_options_feed_the_sync_config() -> None:
+    _, parts = node_configs(NodeOptions(sync_every=5), "0.0.0.0", 0)
+    assert parts.sync == dataclasses.replace(OuterSyncConfig(), sync_every=5)
+    _, parts = node_configs(NodeOptions(sync_every=5, sync_compression="int8", outer_lr=0.5), "0.0.0.0", 0)
+    assert parts.sync is not None and (parts.sync.compression, parts.sync.outer_lr) == ("int8", 0.5)
+    with pytest.raises(ValueError, match="sync-every"):
+        node_configs(NodeOptions(sync_every=-1), "0.0.0.0", 0)
+
+
+def test_per_model_defaults_apply_only_to_flags_not_given() -> None:
+    smol = recommended_defaults("smollm2-135m")
+    _, parts = node_configs(NodeOptions(model="smollm2-135m"), "0.0.0.0", 0)
+    assert (parts.generation.max_new_tokens, parts.grpo.learning_rate) == (smol.max_new_tokens, smol.learning_rate)
+    _, parts = node_configs(NodeOptions(model="smollm2-135m", max_new_tokens=7, lr=0.01), "0.0.0.0", 0)
+    assert (parts.generation.max_new_tokens, parts.grpo.learning_rate) == (7, 0.01)
+
+
+def test_local_hands_children_every_inherited_option() -> None:
+    """What ``local`` passes to a child parses, as ``start``, back to the same values."""
+    opts = LocalOptions(
+        task=("max", "min"), rounds=7, local_groups=3, external_groups=5, generations=4, max_new_tokens=2,
+        temperature=0.5, lr=0.01, sampling="advantage", device="cpu", verbose=2, sync_every=3,
+        sync_compression="fp16", outer_lr=0.4, checkpoint_every=9, resume=True, swarm_id="s1",
+    )  # fmt: skip
+    argv = node_args_to_list(argparse.Namespace(**dataclasses.asdict(opts)))
+    child = build_parser().parse_args(["start", *argv])
+    inherited = [f.name for f in option_fields(NodeOptions) if f.metadata["inherit"]]
+    assert inherited  # the check below is not vacuous
+    for name in inherited:
+        got: Any = getattr(child, name)
+        assert (tuple(got) if isinstance(got, list) else got) == getattr(opts, name), name
+
+
+def test_changed_only_argv_round_trips() -> None:
+    opts = LocalOptions(nodes=3, local_groups=6, no_dashboard=True, task=("max",))
+    argv = to_argv(opts, only="changed")
+    assert argv == ["--task", "max", "--local", "6", "--nodes", "3", "--no-dashboard"]
+    assert to_argv(LocalOptions(), only="changed") == []
+
+
+def test_init_file_lists_every_visible_option_once() -> None:
+    parser = build_parser()
+    text = render_default_config(parser)
+    for command in COMMANDS:
+        for key in file_options(subcommand_parser(parser, command)):
+            assert text.count(f"# {key} = ") == 1, key
+    assert "ready-file" not in text and "go-file" not in text and "hold" not in text
