@@ -159,7 +159,7 @@ class Membership:
         kwargs: dict[str, Any] = {
             "host_maddrs": [f"/ip4/{self.cfg.host}/tcp/{self.cfg.port}"],
             "identity_path": str(self.identity.path),
-            # hivemind's "identity taken" probe crashes on Ed25519 keys (design.md 6.7)
+            # hivemind's "identity taken" probe crashes on Ed25519 keys (docs/ARCHITECTURE.md, "Ed25519 identity probe")
             "check_if_identity_free": False,
             "startup_timeout": self.cfg.startup_timeout_s,
         }

@@ -8,7 +8,7 @@ that signed it, so no peer can overwrite or forge another peer's entry. Values
 that are not our envelopes are left to other validators (return True); readers
 re-verify everything they take from the DHT anyway.
 
-Every node of a swarm must run the same validators (design.md 6.6).
+Every node of a swarm must run the same validators (docs/ARCHITECTURE.md, "Validators").
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 Parse = Callable[[Any], Any]
 Signer = Callable[[Any], str]
 
-_MAX_DHT_VALUE_BYTES = 4 * 1024 * 1024  # hivemind's own message cap (design.md 6.3)
+_MAX_DHT_VALUE_BYTES = 4 * 1024 * 1024  # hivemind's message cap (docs/ARCHITECTURE.md, "Message cap")
 
 
 def _descriptor_signer(desc: Descriptor) -> str:

@@ -2,9 +2,10 @@
 
 Every DHT call is bounded by ``dht_timeout_s`` (a failed read counts as "saw
 nothing", a failed store as "not published"); values are small signed
-records (< 1 KiB), far from the DHT's size limits (design.md 6.2-6.3).
-Waiting loops take the current time from the injected clock and leave the
-decisions to the pure functions of :mod:`swarm.sync.decide`.
+records (< 1 KiB), far from the DHT's size limits (docs/ARCHITECTURE.md,
+"DHT value size" and "Message cap"). Waiting loops take the current time from
+the injected clock and leave the decisions to the pure functions of
+:mod:`swarm.sync.decide`.
 """
 
 from __future__ import annotations
