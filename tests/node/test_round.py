@@ -1,0 +1,566 @@
+"""One node's round, in-process: a real Node (tiny model, real tasks, real GRPO) with a fake exchange.
+
+No processes, no sockets: ``Node(..., links=factory)`` gets a :class:`FakeExchange`
+that records what the node publishes and returns scripted
+:class:`~swarm.exchange.CollectResult` values built from genuine peer groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from node.core import checkpoint
+from node.core.checkpoint import CheckpointConfig
+from node.core.config import NodeConfig, NodeParts
+from node.core.links import Links
+from node.core.node import Node
+from node.core.record import RoundRecord
+from node.observe.logs import CONTEXT
+from node.observe.metrics import read_events
+from node.tasks.registry import UnknownTask, build_task, rollout_group
+from node.tasks.verify import RejectReason, verify_external
+from node.training.device import params_digest
+from node.training.policy import GenerationConfig
+from protocol import Descriptor, RolloutBatch, RolloutGroup, short_id
+from swarm.exchange import BatchRejection, CollectResult, Refusal
+from swarm.identity import Identity, IdentityError, load_or_create
+from swarm.sync import SyncReport
+
+T0 = 1_700_000_000.0
+TTL = 300.0  # ExchangeConfig().descriptor_ttl_s
+MAX = build_task("max")
+
+
+# ---- fakes ---------------------------------------------------------------------------------
+
+
+class FakeClock:
+    """A wall clock that only moves when told to."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeExchange:
+    """An in-process :class:`~node.core.links.Exchange`: records publishes, replays queued collects."""
+
+    def __init__(self) -> None:
+        self.round = 0
+        self.published: list[RolloutBatch] = []
+        self.queued: deque[CollectResult] = deque()
+        self.collect_calls: list[tuple[float, int]] = []
+        self.on_collect: Callable[[], None] | None = None
+        self.closed = 0
+        self.traffic = {"bytes_in": 1234, "bytes_out": 567}
+
+    def publish(self, batch: RolloutBatch) -> object:
+        self.published.append(batch)
+        return None
+
+    def collect(self, since: float, limit: int) -> CollectResult:
+        self.collect_calls.append((since, limit))
+        if self.on_collect is not None:
+            self.on_collect()
+        return self.queued.popleft() if self.queued else CollectResult([], [], 0, 0.0)
+
+    def stats(self) -> dict[str, int]:
+        return dict(self.traffic)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class FakeSync:
+    """An in-process :class:`~node.core.links.Sync` that never syncs but records calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.closed = 0
+
+    def maybe_sync(self, inner_step: int) -> SyncReport | None:
+        self.calls.append(inner_step)
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"revision": 0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@dataclasses.dataclass
+class Harness:
+    """The fakes behind one node, and what its links factory was called with."""
+
+    exchange: FakeExchange = dataclasses.field(default_factory=FakeExchange)
+    sync: FakeSync | None = None
+    fail: Exception | None = None  # raised by the factory: joining the swarm failed
+    left: int = 0
+    built_for: list[str] = dataclasses.field(default_factory=list)
+
+    def leave(self) -> None:
+        self.left += 1
+
+    def factory(
+        self, identity: Identity, parts: NodeParts, model: torch.nn.Module, clock: Callable[[], float]
+    ) -> Links:
+        self.built_for.append(identity.peer_id)
+        if self.fail is not None:
+            raise self.fail
+        return Links(exchange=self.exchange, sync=self.sync, leave=self.leave)
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+NodeMaker = Callable[..., Node]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_node(tmp_path: Path, clock: FakeClock) -> Iterator[NodeMaker]:
+    """Build and start a node (tiny-s, task ``max``, small sizes); every node is shut down afterwards."""
+    started: list[Node] = []
+    threads, context = torch.get_num_threads(), (CONTEXT.peer, CONTEXT.round)
+
+    def make(
+        harness: Harness,
+        parts: NodeParts | None = None,
+        *,
+        start: bool = True,
+        **overrides: Any,
+    ) -> Node:
+        kw: dict[str, Any] = {
+            "model": "tiny-s",
+            "tasks": ("max",),
+            "local_groups": 2,
+            "num_generations": 4,
+            "external_groups": 2,
+            "log_dir": str(tmp_path / "runs"),
+            "identity": str(tmp_path / "node.key"),
+            "device": "cpu",
+            "max_threads": 1,
+            **overrides,
+        }
+        parts = parts or NodeParts()
+        parts = dataclasses.replace(parts, generation=GenerationConfig(max_new_tokens=1))
+        node = Node(NodeConfig(**kw), parts, clock=clock, links=harness.factory)
+        started.append(node)
+        return node.start() if start else node
+
+    yield make
+    for node in started:
+        node.shutdown()
+    torch.set_num_threads(threads)  # process-wide settings a node changes
+    CONTEXT.peer, CONTEXT.round = context
+
+
+def peer_ids(tmp_path: Path, n: int) -> list[str]:
+    """``n`` genuine peer ids (fresh Ed25519 identities)."""
+    return [load_or_create(tmp_path / "peers" / f"peer{i}.key").peer_id for i in range(n)]
+
+
+def group(index: int, completions: Sequence[str], claimed: Sequence[float] | None = None) -> RolloutGroup:
+    """A peer's group for item ``index`` of family ``max`` (seed 77); rewards claimed honestly unless given."""
+    item = MAX.item(77, index)
+    comps = [item.answer if c == "ANSWER" else c for c in completions]
+    rewards = [MAX.score(item, c) for c in comps] if claimed is None else list(claimed)
+    return rollout_group(item, comps, rewards, "tiny-s")
+
+
+def informative(index: int) -> RolloutGroup:
+    """Two right and two wrong completions: rewards (1, 0, 1, 0)."""
+    return group(index, ["ANSWER", "x", "ANSWER", "y"])
+
+
+def zero_adv(index: int) -> RolloutGroup:
+    """Four wrong completions: rewards all 0, no GRPO signal."""
+    return group(index, ["x", "y", "z", "x"])
+
+
+def accepted(peer: str, groups: Sequence[RolloutGroup], now: float = T0) -> tuple[Descriptor, RolloutBatch]:
+    """A (descriptor, batch) pair as the exchange hands over a verified batch."""
+    batch = RolloutBatch(peer, 1, now - 1.0, tuple(groups))
+    desc = Descriptor(peer, 1, "ab" * 32, 1000, ("max",), now - 1.0, now - 1.0 + TTL)
+    return desc, batch
+
+
+def metric_events(node: Node, event: str) -> list[dict[str, Any]]:
+    return list(read_events(node.run_dir / "metrics.jsonl", event))
+
+
+def digest(node: Node) -> str:
+    return params_digest(node.policy.model)
+
+
+def all_equal(rewards: Sequence[float]) -> bool:
+    return max(rewards) - min(rewards) <= 1e-9
+
+
+# ---- 1. a plain round ----------------------------------------------------------------------
+
+
+def test_plain_round_publishes_one_batch_and_writes_a_consistent_record(make_node: NodeMaker, clock: FakeClock) -> None:
+    h = Harness()
+    node = make_node(h)
+    before = digest(node)
+    clock.now = T0 + 5.0
+
+    record = node.run_round()
+
+    assert record is not None
+    assert node.round == 1 and record.round == 1 and h.exchange.round == 1
+    assert record.peer == node.peer_id and record.time == T0 + 5.0
+    # exactly one batch, with local_groups genuine groups that any peer would accept as honest
+    assert len(h.exchange.published) == 1
+    batch = h.exchange.published[0]
+    assert (batch.publisher, batch.round, batch.created) == (node.peer_id, 1, T0 + 5.0)
+    assert len(batch.groups) == 2
+    for g in batch.groups:
+        assert len(g.completions) == len(g.rewards) == 4 and g.model_id == "tiny-s"
+        verdict = verify_external(g, source_peer=node.peer_id)
+        assert verdict.ok and verdict.reward_mismatches == 0
+    local_rewards = [r for g in batch.groups for r in g.rewards]
+    assert record.reward_mean == pytest.approx(sum(local_rewards) / len(local_rewards))
+    # the collect window: descriptors younger than the TTL, at most collect_limit batches
+    assert h.exchange.collect_calls == [(T0 + 5.0 - TTL, 8)]
+    # the record: nothing external came, every local group is either trained or dropped
+    n_flat = sum(all_equal(g.rewards) for g in batch.groups)
+    assert (record.local_groups, record.external_groups) == (2, 0)
+    assert (record.dropped_zero_adv, record.trained_groups) == (n_flat, 2 - n_flat)
+    assert record.external_reward_mean is None
+    assert (record.external_rejected, record.rejected_reasons, record.accepted_groups) == (0, {}, 0)
+    assert (record.fetch_failed, record.reward_mismatches, record.batches_from) == (0, 0, {})
+    assert (record.external_peers, record.pool, record.peers_seen) == ({}, 0, 0)
+    assert (record.bytes_in, record.bytes_out) == (1234, 567)
+    assert (record.loss is None) == (record.trained_groups == 0)
+    assert (digest(node) != before) == (record.trained_groups > 0)
+    assert record.round_s >= 0
+    # metrics.jsonl: one `round` event with exactly the record's fields
+    (event,) = metric_events(node, "round")
+    assert set(event) == {*RoundRecord.field_names(), "event"}
+    assert list(event) == ["event", *RoundRecord.field_names()]
+    assert event["round"] == 1 and event["trained_groups"] == record.trained_groups
+
+
+# ---- 2. collect accounting -----------------------------------------------------------------
+
+
+def test_collect_counts_every_rejection_mismatch_and_failure(
+    make_node: NodeMaker, clock: FakeClock, tmp_path: Path
+) -> None:
+    h = Harness()
+    node = make_node(h, external_groups=3)
+    p1, p2, p3, p4 = peer_ids(tmp_path, 4)
+    wrong_prompt = dataclasses.replace(informative(3), prompt="max 0000=")
+    assert wrong_prompt.prompt != MAX.item(77, 3).prompt
+    lying = group(4, ["ANSWER", "x", "y", "z"], claimed=[1.0, 1.0, 1.0, 0.0])  # true (1, 0, 0, 0): 2 lies
+    h.exchange.queued.append(
+        CollectResult(
+            accepted=[
+                accepted(p1, [informative(1), informative(2), wrong_prompt, lying]),
+                accepted(p2, [informative(5)]),
+            ],
+            rejected=[(p3, Refusal(BatchRejection.DIGEST_MISMATCH, "payload digest differs"))],
+            seen=4,
+            elapsed_s=0.1,
+            failed=[(p4, "fetch timeout")],
+        )
+    )
+
+    r1 = node.run_round()
+
+    assert r1 is not None and r1.round == 1
+    assert r1.rejected_reasons == {RejectReason.PROMPT_MISMATCH.value: 1, BatchRejection.DIGEST_MISMATCH.value: 1}
+    assert r1.external_rejected == 2
+    assert r1.accepted_groups == 4  # informative 1, 2, 5 and the lying group (kept, re-scored locally)
+    assert r1.reward_mismatches == 2
+    assert r1.fetch_failed == 1
+    assert r1.batches_from == {short_id(p1): 1, short_id(p2): 1}
+    assert r1.peers_seen == 4  # the refused and the unreachable peer were seen too
+    assert r1.external_groups == 3 and r1.pool == 1  # 4 verified, 3 taken
+    assert sum(r1.external_peers.values()) == 3 and set(r1.external_peers) <= {p1, p2}
+    assert r1.dropped_zero_adv + r1.trained_groups == r1.local_groups + r1.external_groups == 5
+    # rewards used are the local scores: the lying group counts (1, 0, 0, 0), never its claim
+    assert any(r1.external_reward_mean == pytest.approx(v) for v in (5 / 12, 6 / 12))
+    assert (r1.bytes_in, r1.bytes_out) == (1234, 567)
+
+    # next round: nothing new arrives; the last pooled group is used, peers stay seen
+    clock.now += 10
+    r2 = node.run_round()
+    assert r2 is not None and r2.round == 2
+    assert (r2.external_groups, r2.pool, r2.accepted_groups) == (1, 0, 0)
+    assert (r2.external_rejected, r2.rejected_reasons, r2.fetch_failed, r2.reward_mismatches) == (0, {}, 0, 0)
+    assert r2.batches_from == {} and r2.peers_seen == 4
+    assert r2.dropped_zero_adv + r2.trained_groups == 3
+    assert [c[0] for c in h.exchange.collect_calls] == [T0 - TTL, T0 + 10 - TTL]
+
+
+# ---- 3. isolated mode ----------------------------------------------------------------------
+
+
+def test_isolated_node_never_collects(make_node: NodeMaker, tmp_path: Path) -> None:
+    h = Harness()
+    node = make_node(h, external_groups=0)
+    (p1,) = peer_ids(tmp_path, 1)
+    h.exchange.queued.append(CollectResult([accepted(p1, [informative(1)])], [], 1, 0.0))
+
+    records = [node.run_round(), node.run_round()]
+
+    assert h.exchange.collect_calls == [] and len(h.exchange.queued) == 1
+    assert h.exchange.round == 0  # the node never even prepared a collect
+    assert [b.round for b in h.exchange.published] == [1, 2]  # it still shares
+    for i, r in enumerate(records, start=1):
+        assert r is not None and r.round == i
+        assert (r.external_groups, r.accepted_groups, r.pool, r.peers_seen) == (0, 0, 0, 0)
+        assert r.external_peers == {} and r.external_reward_mean is None
+        assert r.dropped_zero_adv + r.trained_groups == r.local_groups == 2
+
+
+# ---- 4. zero-advantage groups --------------------------------------------------------------
+
+
+def test_zero_advantage_groups_are_dropped(make_node: NodeMaker, tmp_path: Path) -> None:
+    h = Harness()
+    node = make_node(h, external_groups=3)
+    p1, p2 = peer_ids(tmp_path, 2)
+    h.exchange.queued.append(
+        CollectResult([accepted(p1, [zero_adv(1), informative(2)]), accepted(p2, [zero_adv(3)])], [], 2, 0.0)
+    )
+    before = digest(node)
+
+    r = node.run_round()
+
+    assert r is not None
+    (batch,) = h.exchange.published  # the local groups, with their local rewards
+    local_flat = sum(all_equal(g.rewards) for g in batch.groups)
+    assert (r.accepted_groups, r.external_groups, r.pool) == (3, 3, 0)
+    assert r.external_peers == {p1: 2, p2: 1}
+    assert r.external_reward_mean == pytest.approx(2 / 12)
+    assert r.dropped_zero_adv == local_flat + 2
+    assert r.trained_groups == (2 - local_flat) + 1
+    assert r.dropped_zero_adv + r.trained_groups == r.local_groups + r.external_groups == 5
+    assert r.loss is not None  # the informative external group alone makes a step
+    assert digest(node) != before
+
+
+def test_only_zero_advantage_groups_train_nothing(
+    make_node: NodeMaker, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Local completions all wrong and external groups flat: no step, weights unchanged, loss null."""
+    h = Harness()
+    node = make_node(h)
+    (p1,) = peer_ids(tmp_path, 1)
+    monkeypatch.setattr(node.policy, "generate", lambda prompts, n, cfg, seed=None: [["#"] * n for _ in prompts])
+    h.exchange.queued.append(CollectResult([accepted(p1, [zero_adv(1), zero_adv(2)])], [], 1, 0.0))
+    before = digest(node)
+
+    r = node.run_round()
+
+    assert r is not None
+    assert (r.dropped_zero_adv, r.trained_groups, r.loss, r.reward_mean) == (4, 0, None, 0.0)
+    assert digest(node) == before
+    (event,) = metric_events(node, "round")
+    assert event["loss"] is None and event["trained_groups"] == 0
+
+
+# ---- 5. abort paths ------------------------------------------------------------------------
+
+
+def test_stop_while_collecting_abandons_the_round(make_node: NodeMaker, tmp_path: Path) -> None:
+    h = Harness()
+    node = make_node(h)
+    (p1,) = peer_ids(tmp_path, 1)
+    h.exchange.queued.append(CollectResult([accepted(p1, [informative(1)])], [], 1, 0.0))
+    h.exchange.on_collect = node.stop_event.set
+    before = digest(node)
+
+    assert node.run_round() is None
+
+    assert node.round == 0 and CONTEXT.round == 0
+    assert len(h.exchange.collect_calls) == 1
+    assert len(h.exchange.published) == 1  # shared before collecting; that is fine
+    assert digest(node) == before  # nothing trained
+    assert metric_events(node, "round") == []
+    assert len(node.pool) == 1  # verified meanwhile, kept for a later round
+
+
+def test_stop_while_generating_abandons_the_round(make_node: NodeMaker, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness()
+    node = make_node(h)
+    real_generate = node.policy.generate
+    calls: list[int] = []
+
+    def generate_then_leave(
+        prompts: list[str], n: int, cfg: GenerationConfig, seed: int | torch.Generator | None = None
+    ) -> list[list[str]]:
+        calls.append(len(prompts))
+        node.stop_event.set()  # the signal lands mid-generation: sampling stops at the next token
+        return real_generate(prompts, n, cfg, seed)
+
+    monkeypatch.setattr(node.policy, "generate", generate_then_leave)
+    before = digest(node)
+
+    assert node.run_round() is None
+
+    assert calls == [2]
+    assert node.round == 0 and CONTEXT.round == 0
+    assert h.exchange.published == [] and h.exchange.collect_calls == []
+    assert digest(node) == before
+    assert metric_events(node, "round") == []
+
+
+def test_stop_after_collecting_completes_the_round_but_skips_sync(
+    make_node: NodeMaker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leaving during a round, past the last abort point: the round counts, the outer sync is skipped."""
+    h = Harness(sync=FakeSync())
+    node = make_node(h)
+    r1 = node.run_round()
+    assert r1 is not None and h.sync is not None and h.sync.calls == [1]
+
+    real_take = node.pool.take
+
+    def take_then_leave(*args: Any) -> Any:
+        node.stop_event.set()
+        return real_take(*args)
+
+    monkeypatch.setattr(node.pool, "take", take_then_leave)
+    r2 = node.run_round()
+
+    assert r2 is not None and r2.round == 2 and node.round == 2
+    assert h.sync.calls == [1]  # no outer sync while leaving
+    assert [e["round"] for e in metric_events(node, "round")] == [1, 2]
+
+
+# ---- 6. checkpoint cadence and resume ------------------------------------------------------
+
+
+def test_checkpoint_every_two_rounds_final_on_shutdown_and_resume(make_node: NodeMaker, clock: FakeClock) -> None:
+    parts = NodeParts(checkpoint=CheckpointConfig(every=2))
+    node = make_node(Harness(), parts)
+    found: list[int | None] = []
+    for _ in range(3):
+        assert node.run_round() is not None
+        latest = checkpoint.load_latest(node.run_dir)
+        found.append(None if latest is None else int(latest[0]["round"]))
+        clock.now += 1
+    assert found == [None, 2, 2]
+    weights, rng_state = digest(node), node.sampler_rng.getstate()
+    steps = [int(s["step"]) for s in node.trainer.optimizer.state_dict()["state"].values()]
+    run_dir, peer = node.run_dir, node.peer_id
+
+    node.shutdown()
+
+    latest = checkpoint.load_latest(run_dir)
+    assert latest is not None and latest[0]["round"] == 3 and latest[0]["peer"] == peer
+    assert checkpoint.decode((run_dir / checkpoint.PREVIOUS).read_bytes())["round"] == 2
+    (summary,) = list(read_events(run_dir / "metrics.jsonl", "summary"))
+    assert summary["rounds"] == 3 and summary["param_digest_end"] == weights
+
+    resumed = make_node(Harness(), NodeParts(checkpoint=CheckpointConfig(every=2, resume=True)))
+    assert resumed.peer_id == peer and resumed.run_dir == run_dir
+    assert resumed.round == 3
+    assert digest(resumed) == weights
+    assert resumed.sampler_rng.getstate() == rng_state
+    assert [int(s["step"]) for s in resumed.trainer.optimizer.state_dict()["state"].values()] == steps
+    (event,) = metric_events(resumed, "resume")
+    assert event["round"] == 3 and event["path"] == str(run_dir / checkpoint.CURRENT)
+
+    r4 = resumed.run_round()
+    assert r4 is not None and r4.round == 4 and resumed.round == 4
+    assert [e["round"] for e in metric_events(resumed, "round")] == [1, 2, 3, 4]
+
+
+def test_resume_without_a_checkpoint_starts_fresh(make_node: NodeMaker) -> None:
+    node = make_node(Harness(), NodeParts(checkpoint=CheckpointConfig(every=2, resume=True)))
+    assert node.round == 0 and metric_events(node, "resume") == []
+    r = node.run_round()
+    assert r is not None and r.round == 1
+
+
+# ---- 7. leaving: shutdown ------------------------------------------------------------------
+
+
+def test_shutdown_closes_everything_once_and_writes_a_summary(make_node: NodeMaker) -> None:
+    h = Harness(sync=FakeSync())
+    node = make_node(h)
+    start_digest = digest(node)
+    assert node.run_round() is not None
+    end_digest = digest(node)
+    run_dir = node.run_dir
+
+    node.shutdown()
+    node.shutdown()
+
+    assert h.exchange.closed == 1 and h.left == 1
+    assert h.sync is not None and h.sync.closed == 1
+    assert (node.exchange, node.links, node.sync, node.metrics) == (None, None, None, None)
+    (summary,) = list(read_events(run_dir / "metrics.jsonl", "summary"))
+    assert summary["rounds"] == 1 and summary["peer"] == node.peer_id
+    assert (summary["param_digest_start"], summary["param_digest_end"]) == (start_digest, end_digest)
+    latest = checkpoint.load_latest(run_dir)  # default cadence (50): the leave writes round 1
+    assert latest is not None and latest[0]["round"] == 1
+
+
+def test_shutdown_after_a_failed_join_does_not_raise(make_node: NodeMaker) -> None:
+    """The links factory raises (bootstrap failed) after the model and metrics exist."""
+    h = Harness(fail=RuntimeError("bootstrap failed: no peer reachable"))
+    node = make_node(h, start=False)
+    with pytest.raises(RuntimeError, match="bootstrap failed"):
+        node.start()
+
+    node.shutdown()
+    node.shutdown()
+
+    assert len(h.built_for) == 1 and h.exchange.closed == 0 and h.left == 0
+    (summary,) = list(read_events(node.run_dir / "metrics.jsonl", "summary"))
+    assert summary["rounds"] == 0 and summary["param_digest_start"] == summary["param_digest_end"] != ""
+    assert checkpoint.load_latest(node.run_dir) is None  # round 0: nothing worth a checkpoint
+
+
+@pytest.mark.parametrize(
+    ("stage", "error", "match"),
+    [("identity", IdentityError, "not an Ed25519 identity"), ("task", UnknownTask, "unknown task family")],
+)
+def test_shutdown_after_an_early_failed_start_does_not_raise(
+    make_node: NodeMaker, tmp_path: Path, stage: str, error: type[Exception], match: str
+) -> None:
+    """start() fails before the weights' digest, metrics or links exist (``_digest_start`` is never read)."""
+    h = Harness()
+    if stage == "identity":
+        (tmp_path / "node.key").write_bytes(b"not a key")
+        node = make_node(h, start=False)
+    else:
+        node = make_node(h, start=False, tasks=("no-such-task",))
+    with pytest.raises(error, match=match):
+        node.start()
+
+    node.shutdown()
+    node.shutdown()
+
+    assert h.built_for == [] and h.exchange.closed == 0 and h.left == 0
+    assert node.metrics is None and not (tmp_path / "runs").exists()
+
+
+def test_shutdown_of_a_node_never_started_does_not_raise(make_node: NodeMaker) -> None:
+    h = Harness()
+    node = make_node(h, start=False)
+    node.shutdown()
+    assert h.built_for == [] and h.exchange.closed == 0 and h.left == 0
