@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,14 +56,27 @@ def decode_key_file(data: bytes, path: Path) -> SigningKey:
     return key
 
 
+def check_private(path: Path) -> None:
+    """Refuse a key file that other users can read or write, as ssh does: they could act as this peer."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise IdentityError(
+            f"{path} is a private key but its mode is {mode:04o} (others can read it); "
+            f"make it private with: chmod 600 {path}"
+        )
+
+
 def load_or_create(path: str | os.PathLike[str]) -> Identity:
     """Load the identity at ``path``, creating it (mode 0600) on first run.
 
-    Creation is atomic: a crash leaves either no file or a complete one.
+    Creation is atomic: a crash leaves either no file or a complete one. An
+    existing file that group or others may access is refused (:func:`check_private`).
     """
     p = Path(path).expanduser()
     if p.exists():
-        return Identity(decode_key_file(p.read_bytes(), p), p)
+        key = decode_key_file(p.read_bytes(), p)
+        check_private(p)
+        return Identity(key, p)
     p.parent.mkdir(parents=True, exist_ok=True)
     key = SigningKey.generate()
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
@@ -76,7 +90,9 @@ def load_or_create(path: str | os.PathLike[str]) -> Identity:
         os.link(tmp, p)  # fails if another process created p meanwhile: theirs wins
     except FileExistsError:
         tmp.unlink()
-        return Identity(decode_key_file(p.read_bytes(), p), p)
+        key = decode_key_file(p.read_bytes(), p)
+        check_private(p)
+        return Identity(key, p)
     tmp.unlink()
     logger.info("created new identity %s at %s", key.peer_id, p)
     return Identity(key, p)

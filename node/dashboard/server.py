@@ -11,6 +11,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -40,6 +41,40 @@ class DashboardConfig:
             raise ValueError(f"--dashboard-host {self.host!r}: use an IP address, e.g. 127.0.0.1 or 0.0.0.0") from None
 
 
+_LOOPBACK_NAMES = ("localhost", "localhost.")
+
+
+def host_allowed(host_header: str | None, bind_host: str) -> bool:
+    """Whether a request's ``Host`` may be served: on a loopback bind only loopback names.
+
+    A page on another site can point its own DNS name at 127.0.0.1 (DNS
+    rebinding) and then read a loopback dashboard as same-origin; its requests
+    still carry that foreign name in ``Host``, so refusing it closes the hole.
+    A dashboard bound to a non-loopback address was exposed on purpose and
+    accepts any name.
+
+    >>> host_allowed("127.0.0.1:8765", "127.0.0.1"), host_allowed("attacker.example", "127.0.0.1")
+    (True, False)
+    >>> host_allowed("attacker.example", "0.0.0.0")
+    True
+    """
+    if not ipaddress.ip_address(bind_host).is_loopback:
+        return True
+    if not host_header:
+        return False
+    name = host_header.strip().lower()
+    if name.startswith("["):  # [::1]:port
+        name = name[1 : name.find("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.rsplit(":", 1)[0]
+    if name in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def node_view(metrics_path: Path, title: str) -> SwarmView:
     """The view of one node: its own metrics file."""
     return SwarmView(title, lambda: [metrics_path])
@@ -58,6 +93,7 @@ class Dashboard:
         self._loop: LoopThread | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self.refused_hosts = 0  # requests refused for a foreign Host header
 
     def _app(self) -> web.Application:
         async def page(_: web.Request) -> web.Response:
@@ -71,7 +107,18 @@ class Dashboard:
             text = prometheus.render(self.view.snapshot())
             return web.Response(body=text.encode(), headers={"Content-Type": prometheus.CONTENT_TYPE})
 
-        app = web.Application()
+        @web.middleware
+        async def check_host(request: web.Request, handler: Any) -> web.StreamResponse:
+            if not host_allowed(request.headers.get("Host"), self.cfg.host):
+                self.refused_hosts += 1
+                logger.warning(
+                    "dashboard refused a request for host %r (bound to loopback)", request.headers.get("Host")
+                )
+                return web.Response(status=421, text="this dashboard answers only to localhost / 127.0.0.1\n")
+            response: web.StreamResponse = await handler(request)
+            return response
+
+        app = web.Application(middlewares=[check_host])
         app.router.add_get("/", page)
         app.router.add_get("/api/summary", summary)
         app.router.add_get("/metrics", metrics)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import urllib.request
@@ -12,7 +13,7 @@ import pytest
 
 from node.dashboard import prometheus
 from node.dashboard.data import MetricsTail, SwarmView
-from node.dashboard.server import Dashboard, DashboardConfig, swarm_view
+from node.dashboard.server import Dashboard, DashboardConfig, host_allowed, swarm_view
 from node.observe.metrics import MetricsWriter
 
 
@@ -83,6 +84,39 @@ def test_server_serves_page_json_and_metrics(tmp_path: Path) -> None:
             assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     finally:
         dash.close()
+
+
+def _status(port: int, path: str, host: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path, headers={"Host": host})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_loopback_dashboard_refuses_foreign_host_headers(tmp_path: Path) -> None:
+    """DNS rebinding: a foreign page that resolves its name to 127.0.0.1 must not read the metrics."""
+    write_node(tmp_path / "aaaaaa" / "metrics.jsonl", "peer-aaaaaa", 2).close()
+    dash = Dashboard(swarm_view(tmp_path, "t"), DashboardConfig(port=0))
+    dash.start()
+    port = int(dash.url.rstrip("/").rsplit(":", 1)[1])
+    try:
+        for path in ("/", "/api/summary", "/metrics"):
+            assert _status(port, path, "attacker.example") == 421
+            assert _status(port, path, f"attacker.example:{port}") == 421
+        for good in (f"127.0.0.1:{port}", "localhost", f"LOCALHOST:{port}", f"[::1]:{port}", "127.5.6.7"):
+            assert _status(port, "/api/summary", good) == 200, good
+        assert dash.refused_hosts == 6
+    finally:
+        dash.close()
+
+
+def test_host_check_only_on_a_loopback_bind() -> None:
+    assert host_allowed("my-box.lan:8080", "0.0.0.0")
+    assert not host_allowed("my-box.lan:8080", "127.0.0.1")
+    assert not host_allowed(None, "127.0.0.1") and not host_allowed("", "::1")
+    assert not host_allowed("127.0.0.1.attacker.example", "127.0.0.1")
 
 
 def test_dashboard_config_validation() -> None:

@@ -29,3 +29,14 @@ def test_foreign_or_corrupt_file_gives_a_fix(tmp_path: Path) -> None:
     path.write_bytes(bytes(raw))
     with pytest.raises(IdentityError, match="corrupt"):
         load_or_create(path)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_a_key_others_can_read_is_refused_with_the_fix(tmp_path: Path, mode: int) -> None:
+    path = tmp_path / "id.key"
+    first = load_or_create(path)
+    os.chmod(path, mode)
+    with pytest.raises(IdentityError, match=f"chmod 600 {path}"):
+        load_or_create(path)
+    os.chmod(path, 0o400)  # read-only for the owner is private enough
+    assert load_or_create(path).peer_id == first.peer_id
