@@ -26,11 +26,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "swarm"))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script: tests/ is importable from the repository root
 
-from workers import WorkerProc, start_workers  # noqa: E402
+from tests.procs import Procs  # noqa: E402
+from tests.swarm.workers import WorkerProc, start_workers  # noqa: E402
 
 SHAPE = {"groups": 16, "completions": 16, "chars": 4000}  # ~1.05 MB sealed
 
@@ -86,7 +89,7 @@ def raw_tcp(size: int, fanout: int, reps: int) -> list[float]:
         server.wait(5)
 
 
-def gossip_round(workers: list[WorkerProc], publisher: int, rnd: int) -> tuple[float, list[float], dict]:
+def gossip_round(workers: list[WorkerProc], publisher: int, rnd: int) -> tuple[float, list[float], dict[str, Any]]:
     """(publish -> all verified seconds, per-peer collect seconds, descriptor) for one round."""
     pub, others = workers[publisher], [w for i, w in enumerate(workers) if i != publisher]
     t0 = time.perf_counter()
@@ -102,7 +105,9 @@ def gossip_round(workers: list[WorkerProc], publisher: int, rnd: int) -> tuple[f
     return time.perf_counter() - t0, collects, desc
 
 
-def bare_pulls(workers: list[WorkerProc], desc: dict, publisher: WorkerProc, reps: int) -> list[dict]:
+def bare_pulls(
+    workers: list[WorkerProc], desc: dict[str, Any], publisher: WorkerProc, reps: int
+) -> list[dict[str, Any]]:
     """Timed single stream pulls of the same payload, one peer at a time (no DHT, no contention)."""
     out = []
     for i in range(reps):
@@ -113,15 +118,17 @@ def bare_pulls(workers: list[WorkerProc], desc: dict, publisher: WorkerProc, rep
 
 def bench_n(n: int, rounds: int, deadline: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        t_start = time.perf_counter()
-        workers = start_workers(Path(tmp), n, tag=f"n{n}-", ready_timeout=30.0 + 5.0 * n)
-        startup = time.perf_counter() - t_start
+        procs = Procs(Path(tmp))
+        workers: list[WorkerProc] = []
         try:
+            t_start = time.perf_counter()
+            workers = start_workers(procs, n, tag=f"n{n}-", ready_timeout=30.0 + 5.0 * n)
+            startup = time.perf_counter() - t_start
             gossip_round(workers, 0, 0)  # warm-up: opens connections
             lat: list[float] = []
             pulls: list[float] = []
             publishes: list[float] = []
-            desc: dict = {}
+            desc: dict[str, Any] = {}
             for r in range(rounds):
                 if time.monotonic() > deadline:
                     break
@@ -133,7 +140,8 @@ def bench_n(n: int, rounds: int, deadline: float) -> dict[str, float]:
             bare = bare_pulls(workers, desc, publisher, 10)
         finally:
             for w in workers:
-                w.stop(timeout=3.0)
+                w.quit()
+            procs.reap(settle=3.0, grace=2.0)
     size = int(desc["size"])
     raw1 = raw_tcp(size, 1, 10)
     rawn = raw_tcp(size, n - 1, 10)

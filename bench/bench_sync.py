@@ -22,7 +22,6 @@ import argparse
 import json
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,6 +30,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run as a script: tests/ is importable from the repository root
+
+from swarm.identity import load_or_create  # noqa: E402
+from tests.procs import PYTHON, Procs, wait_for  # noqa: E402
+
 WORKER = REPO / "tests" / "sync_worker.py"
 ENCODINGS = ("none", "fp16", "int8")
 
@@ -77,36 +82,27 @@ def _free_port() -> int:
 
 def run_size(width: int, rounds_per: int, root: Path, timeout_s: float) -> list[dict[str, Any]]:
     """Run 4 peers with a width x width (+ bias) Linear model; return all their sync records."""
-    sys.path.insert(0, str(REPO))
-    from swarm.identity import load_or_create
-
     root.mkdir(parents=True)
     port = _free_port()
     boot = f"/ip4/127.0.0.1/tcp/{port}/p2p/{load_or_create(root / 'p0.key').peer_id}"
     n_syncs = rounds_per * len(ENCODINGS)
-    procs = []
-    for i in range(4):
-        cmd = [sys.executable, str(WORKER), "--identity", str(root / f"p{i}.key")]
-        cmd += ["--report", str(root / f"p{i}.jsonl"), "--go-file", str(root / "go")]
-        cmd += ["--stop-file", str(root / "stop"), "--arch", f"{width},{width}", "--update-seed", str(i + 1)]
-        cmd += ["--steps", str(n_syncs), "--sync-every", "1", "--step-sleep", "0", "--linger", "5"]
-        cmd += ["--compression", ",".join(ENCODINGS), "--rounds-per", str(rounds_per)]
-        cmd += ["--timeouts", "1.0,120,15,5,60,15"]
-        cmd += ["--port", str(port)] if i == 0 else ["--initial-peer", boot]
-        log = open(root / f"p{i}.log", "wb")  # noqa: SIM115 (closed with the process)
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
+    procs = Procs(root)  # each peer in its own session, logs in root/pI.log; all reaped below
     try:
-        _wait_lines(root, "ready", 1, timeout_s)
+        for i in range(4):
+            cmd = [PYTHON, str(WORKER), "--identity", str(root / f"p{i}.key")]
+            cmd += ["--report", str(root / f"p{i}.jsonl"), "--go-file", str(root / "go")]
+            cmd += ["--stop-file", str(root / "stop"), "--arch", f"{width},{width}", "--update-seed", str(i + 1)]
+            cmd += ["--steps", str(n_syncs), "--sync-every", "1", "--step-sleep", "0", "--linger", "5"]
+            cmd += ["--compression", ",".join(ENCODINGS), "--rounds-per", str(rounds_per)]
+            cmd += ["--timeouts", "1.0,120,15,5,60,15"]
+            cmd += ["--port", str(port)] if i == 0 else ["--initial-peer", boot]
+            procs.start(f"p{i}", cmd)
+        _wait_lines(procs, "ready", 1, timeout_s, watch=True)  # a peer that exits before it is up has crashed
         (root / "go").touch()
-        _wait_lines(root, "done", 1, timeout_s)
+        _wait_lines(procs, "done", 1, timeout_s, watch=False)  # finished peers linger 5 s, then exit
     finally:
         (root / "stop").touch()
-        for proc, log in procs:
-            try:
-                proc.wait(20.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
+        procs.reap(settle=20.0, grace=2.0)
     return [r for i in range(4) for r in _records(root / f"p{i}.jsonl") if r.get("event") == "sync"]
 
 
@@ -116,14 +112,12 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
 
 
-def _wait_lines(root: Path, event: str, per_peer: int, timeout_s: float) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        counts = [sum(r.get("event") == event for r in _records(root / f"p{i}.jsonl")) for i in range(4)]
-        if min(counts) >= per_peer:
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"peers did not all report {event!r} within {timeout_s} s")
+def _wait_lines(procs: Procs, event: str, per_peer: int, timeout_s: float, watch: bool) -> None:
+    def reported() -> bool:
+        counts = [sum(1 for r in _records(procs.root / f"p{i}.jsonl") if r.get("event") == event) for i in range(4)]
+        return min(counts) >= per_peer
+
+    wait_for(reported, timeout_s, f"every peer to report {event!r}", poll=0.2, watch=procs.groups if watch else ())
 
 
 def summarize(params: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -12,7 +12,8 @@ from protocol.errors import MessageRejected
 
 def pack(obj: Any) -> bytes:
     """Encode plain values (maps, lists, str, bytes, int, float, bool, None)."""
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)  # msgpack is not type-checked (follow_imports=skip)
+    return packed
 
 
 def unpack(data: bytes, max_bytes: int) -> Any:

@@ -37,7 +37,7 @@ def _descriptor_signer(desc: Descriptor) -> str:
     return desc.publisher
 
 
-class SignedRecordValidator(RecordValidatorBase):
+class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind is not type-checked: Any
     """Validates DHT records whose value is a signed envelope of a registered kind.
 
     ``kinds`` maps an envelope kind to ``(parse, signer)`` as

@@ -1,37 +1,24 @@
-"""Shared fault-injection harness: peer processes on 127.0.0.1 that tests really kill and stall.
+"""Fault injection on sync peers: ``tests/sync_worker.py`` processes on 127.0.0.1 that tests really kill and stall.
 
-Each peer runs ``tests/sync_worker.py`` in its own session (process group:
-worker + hivemind DHT child + p2pd), so :meth:`Peer.kill` SIGKILLs exactly
-that peer, :meth:`Peer.stop` / :meth:`Peer.cont` freeze and resume the whole
-peer, and cleanup reaches the daemons too. Only processes started here are
-ever signalled. Peers write JSON lines to a report file that tests poll.
-
-Use the ``fault_swarm`` fixture (import it into a test module)::
-
-    from faults import FaultSwarm, fault_swarm_fixture  # noqa: F401  (provides `fault_swarm`)
+A thin layer over tests/procs.py, which starts each peer in its own session
+(worker + hivemind DHT child + p2pd), so :meth:`Peer.kill` SIGKILLs exactly that
+peer, :meth:`Peer.stop` / :meth:`Peer.cont` freeze and resume the whole peer,
+and teardown reaches the daemons too. Peers write JSON lines to a report file
+that tests poll. Tests use the ``fault_swarm`` fixture (tests/swarm/conftest.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
+from swarm.identity import load_or_create
+from tests.procs import PYTHON, Proc, Procs, wait_for
 
 WORKER = Path(__file__).resolve().parent / "sync_worker.py"
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from swarm.identity import load_or_create  # noqa: E402
 
 Record = dict[str, Any]
 
@@ -45,32 +32,28 @@ def _free_port() -> int:
 class Peer:
     """One sync worker process and its JSON-lines report."""
 
-    def __init__(self, name: str, cmd: list[str], report: Path, log: Path) -> None:
-        self.name, self.report = name, report
-        self._log = open(log, "wb")  # noqa: SIM115 (closed in close())
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+    def __init__(self, name: str, proc: Proc, report: Path) -> None:
+        self.name, self.proc, self.report = name, proc, report
 
     def records(self, event: str | None = None) -> list[Record]:
         if not self.report.exists():
             return []
         lines = self.report.read_text().splitlines()
-        out = [json.loads(line) for line in lines if line.strip().endswith("}")]
+        out: list[Record] = [json.loads(line) for line in lines if line.strip().endswith("}")]
         return [r for r in out if event is None or r.get("event") == event]
 
     def syncs(self) -> list[Record]:
         return self.records("sync")
 
-    def wait_for(self, pred: Callable[[Record], bool], timeout: float, what: str = "") -> Record:
-        """The first record satisfying ``pred``; TimeoutError after ``timeout`` s."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            for r in self.records():
-                if pred(r):
-                    return r
-            if self.proc.poll() is not None and not any(pred(r) for r in self.records()):
-                raise RuntimeError(f"peer {self.name} exited ({self.proc.returncode}) before {what}")
-            time.sleep(0.05)
-        raise TimeoutError(f"peer {self.name}: no {what or 'matching record'} within {timeout} s")
+    def wait_for(self, pred: Callable[[Record], bool], timeout: float, what: str = "a matching record") -> Record:
+        """The first record satisfying ``pred``; fails after ``timeout`` s or when the peer exits first."""
+        return wait_for(
+            lambda: next((r for r in self.records() if pred(r)), None),
+            timeout,
+            f"{what} from peer {self.name}",
+            poll=0.05,
+            watch=[self.proc],
+        )
 
     def wait_ready(self, timeout: float = 60.0) -> Record:
         """The peer's ``ready`` record (peer id, multiaddrs, fingerprint, bound_s, ...)."""
@@ -80,41 +63,25 @@ class Peer:
     def info(self) -> Record:
         return self.wait_ready()
 
-    def _signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
     def kill(self) -> None:
         """SIGKILL the whole peer (worker, DHT child, p2pd)."""
-        self._signal(signal.SIGKILL)
+        self.proc.kill()
 
     def stop(self) -> None:
         """SIGSTOP the whole peer."""
-        self._signal(signal.SIGSTOP)
+        self.proc.stop()
 
     def cont(self) -> None:
         """SIGCONT the whole peer."""
-        self._signal(signal.SIGCONT)
-
-    def close(self, timeout: float = 10.0) -> None:
-        self.cont()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            self.proc.wait(5.0)
-        self.kill()  # daemons left in the group, if any
-        self._log.close()
+        self.proc.cont()
 
 
 class FaultSwarm:
     """Starts sync peers joined through the first one; releases them together with :meth:`go`."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.go_file, self.stop_file = root / "go", root / "stop"
+    def __init__(self, procs: Procs) -> None:
+        self.procs, self.root = procs, procs.root
+        self.go_file, self.stop_file = self.root / "go", self.root / "stop"
         self.peers: dict[str, Peer] = {}
         self._bootstrap = ""
 
@@ -124,15 +91,15 @@ class FaultSwarm:
         The first peer listens on a port picked here with an identity made
         here, so later peers can be started at once (they retry the bootstrap).
         """
-        identity = self.root / f"{name}.key"
-        cmd = [sys.executable, str(WORKER), "--identity", str(identity), "--report", str(self.root / f"{name}.jsonl")]
+        identity, report = self.root / f"{name}.key", self.root / f"{name}.jsonl"
+        cmd = [PYTHON, str(WORKER), "--identity", str(identity), "--report", str(report)]
         cmd += ["--go-file", str(self.go_file), "--stop-file", str(self.stop_file)]
         if not self.peers:
             self._bootstrap = f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{load_or_create(identity).peer_id}"
             cmd += ["--port", self._bootstrap.split("/")[4]]
         else:
             cmd += ["--initial-peer", self._bootstrap]
-        peer = Peer(name, [*cmd, *args], self.root / f"{name}.jsonl", self.root / f"{name}.log")
+        peer = Peer(name, self.procs.start(name, [*cmd, *args]), report)
         self.peers[name] = peer
         return peer
 
@@ -147,19 +114,9 @@ class FaultSwarm:
         self.go_file.touch()
 
     def close(self) -> None:
+        """Ask every peer to leave (the stop file ends its linger), then reap them all."""
         self.stop_file.touch()
-        for p in self.peers.values():
-            p.close()
-
-
-@pytest.fixture(name="fault_swarm")
-def fault_swarm_fixture(tmp_path: Path) -> Iterator[FaultSwarm]:
-    """A :class:`FaultSwarm` in ``tmp_path``; every peer is stopped (or killed) afterwards."""
-    swarm = FaultSwarm(tmp_path)
-    try:
-        yield swarm
-    finally:
-        swarm.close()
+        self.procs.reap(settle=10.0, grace=2.0)
 
 
 def hashes_by_revision(peers: list[Peer]) -> dict[int, set[str]]:

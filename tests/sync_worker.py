@@ -8,7 +8,7 @@ lines to ``--report``: ``ready`` (with its multiaddrs), every sync report,
 at that phase (the test then SIGKILLs or SIGSTOPs/SIGCONTs its whole process
 group), ``drop`` makes it silently not send its all-reduce parts that round.
 
-Run by tests/faults.py; not imported by anything (no side effects at import).
+Started by tests/faults.py (and bench/bench_sync.py); not imported by anything (no side effects at import).
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ def _sync_config(args: argparse.Namespace, cls: Any) -> Any:
 
 
 def _wait_file(path: str, timeout: float) -> None:
+    """Wait (polling, bounded) for the test's go file: the condition that releases all peers at once."""
     end = time.time() + timeout
     while path and not Path(path).exists() and time.time() < end:
         time.sleep(0.05)
@@ -150,14 +151,14 @@ def main(argv: list[str]) -> int:
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.01 * torch.randn(p.shape, generator=gen))
-        time.sleep(args.step_sleep)
+        time.sleep(args.step_sleep)  # the simulated step time is the workload, not synchronisation
         encodings = args.compression.split(",")
         cfg.compression = encodings[(step // args.sync_every - 1) // args.rounds_per % len(encodings)]
         report = sync.maybe_sync(step)
         if report is not None:
             out.write(**report.to_metrics(), step=step, compression=cfg.compression)
     out.write(event="done", peer=membership.peer_id, revision=sync.revision, state_hash=sync.state_hash)
-    end = time.time() + args.linger
+    end = time.time() + args.linger  # serve state to late peers until the test's stop file (bounded)
     while time.time() < end and not (args.stop_file and Path(args.stop_file).exists()):
         time.sleep(0.1)
     sync.close()

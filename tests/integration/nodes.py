@@ -1,65 +1,61 @@
-"""Spawning real ``swarm-node`` processes on 127.0.0.1 for integration tests.
+"""Real ``swarm-node`` processes on 127.0.0.1 for integration tests.
 
-Each node runs in its own session (process group) so that a SIGKILL takes its
-DHT child and p2pd with it, like a machine crash; cleanup kills only the
-groups we started.
+A thin layer over tests/procs.py: each node runs in its own session (process
+group), so a SIGKILL takes its DHT child and p2pd with it, like a machine
+crash, and teardown reaps only the groups we started. Nodes are started
+either as ``python -m node`` (:class:`Swarm`) or forked from a server that
+imported everything once (:class:`Zygote`, server in tests/integration/zygote.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from node.observe.metrics import read_events
 from protocol import short_id
 from swarm.identity import load_or_create
+from tests.procs import PYTHON, Group, Proc, Procs, wait_for
+
+__all__ = ["NodeProc", "Swarm", "Zygote", "wait_for"]
+
+Event = dict[str, Any]
 
 
-@dataclass
 class NodeProc:
-    name: str
-    peer_id: str
-    proc: subprocess.Popen[bytes]
-    log_dir: Path
-    log_path: Path
-    ready: dict[str, Any] = field(default_factory=dict)
+    """One node process: its metrics events and its log."""
+
+    def __init__(self, name: str, peer_id: str, proc: Proc, log_dir: Path) -> None:
+        self.name, self.peer_id, self.proc, self.log_dir = name, peer_id, proc, log_dir
+        self.ready: dict[str, Any] = {}
 
     @property
     def short(self) -> str:
         return short_id(self.peer_id)
 
-    def events(self, event: str | None = None) -> list[dict[str, Any]]:
+    def events(self, event: str | None = None) -> list[Event]:
         return list(read_events(self.log_dir / self.short / "metrics.jsonl", event))
 
-    def rounds(self) -> list[dict[str, Any]]:
+    def rounds(self) -> list[Event]:
         return self.events("round")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        # the whole session: its DHT child and p2pd may outlive the node's own process
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        """Signal the whole session: its DHT child and p2pd may outlive the node's own process."""
+        self.proc.signal(sig)
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+        return self.proc.log_tail()
 
 
 class Swarm:
-    """Starts nodes with ``swarm-node start/join`` and always cleans them up."""
+    """Starts nodes with ``swarm-node start/join`` through ``procs``; :meth:`stop_all` makes them leave."""
 
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
+    def __init__(self, procs: Procs) -> None:
+        self.procs, self.tmp = procs, procs.root
         self.nodes: list[NodeProc] = []
-        self.go_file = tmp / "go"
+        self.go_file = self.tmp / "go"
 
     def go(self) -> None:
         """Release every spawned node into its rounds at once (they wait at most 120 s for this)."""
@@ -69,47 +65,48 @@ class Swarm:
         key = self.tmp / "keys" / f"{name}.key"
         peer_id = load_or_create(key).peer_id
         ready = self.tmp / f"{name}.ready"
-        cmd = [sys.executable, "-m", "node", "join" if join and self.nodes else "start"]
+        cmd = [PYTHON, "-m", "node", "join" if join and self.nodes else "start"]
         if join and self.nodes:
             cmd += ["--peer", self.nodes[0].ready["multiaddrs"][0]]
         cmd += ["--identity", str(key), "--log-dir", str(self.tmp / "runs"), "--host-port", "127.0.0.1:0"]
         cmd += ["--max-threads", "1", "--ready-file", str(ready), "--go-file", str(self.go_file), *extra]
-        log_path = self.tmp / f"{name}.log"
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        node = NodeProc(name, peer_id, proc, self.tmp / "runs", log_path)
+        node = NodeProc(name, peer_id, self.procs.start(name, cmd), self.tmp / "runs")
         self.nodes.append(node)
         if wait:
-            wait_for(lambda: ready.exists() or proc.poll() is not None, 90, f"{name} to start")
-            assert proc.poll() is None, f"{name} exited early:\n{node.log()}"
+            wait_for(ready.exists, 90, f"{name} to start", poll=0.25, watch=[node.proc])
             node.ready = json.loads(ready.read_text())
         return node
 
     def stop_all(self, grace: float = 20.0) -> None:
-        for n in self.nodes:
-            n.kill(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for n in self.nodes:
-            try:
-                n.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            n.kill(signal.SIGKILL)  # leftovers of the group, if any
-            n.proc.wait(5)
+        """SIGTERM every node's group (they leave cleanly), SIGKILL what is left after ``grace`` s."""
+        self.procs.reap(grace=grace)
 
 
-def wait_for(cond: Callable[[], bool], timeout: float, what: str, poll: float = 0.25) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+class Zygote:
+    """Client of the fork server tests/integration/zygote.py: node processes without paying the imports each time.
 
+    Each child is a real process in its own session, adopted by ``procs``, so
+    it is signalled and reaped like any other group.
+    """
 
-def swarm_fixture(tmp_path: Path) -> Iterator[Swarm]:
-    s = Swarm(tmp_path)
-    try:
-        yield s
-    finally:
-        s.stop_all()
+    def __init__(self, procs: Procs) -> None:
+        self.procs = procs
+        self.server = procs.start("zygote", [PYTHON, "-m", "tests.integration.zygote"], pipe=True)
+        self.started = 0
+        # the heavy imports take a while on a loaded machine; a dead server fails at once
+        assert self._readline() == "ready", self.server.log_tail()
+
+    def _readline(self) -> str:
+        assert self.server.popen.stdout is not None
+        return self.server.popen.stdout.readline().strip()
+
+    def start(self, argv: list[str], log: Path) -> Group:
+        """A node running ``swarm-node ARGV``, its output appended to ``log``."""
+        stdin = self.server.popen.stdin
+        assert stdin is not None
+        stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
+        stdin.flush()
+        line = self._readline()
+        assert line.isdigit(), f"the fork server answered {line!r}:\n{self.server.log_tail()}"
+        self.started += 1
+        return self.procs.adopt(f"node-{self.started}", int(line), log)

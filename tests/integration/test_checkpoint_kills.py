@@ -8,14 +8,8 @@ appear (the write is in progress), the others come at a random moment.
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,50 +19,12 @@ from node.core.checkpoint import TEMPORARY
 from node.observe.metrics import read_events
 from protocol import short_id
 from swarm.identity import load_or_create
-from tests.integration.nodes import wait_for
+from tests.integration.nodes import Zygote
+from tests.procs import poll_until, wait_for
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 KILLS = 10
-
-
-class Zygote:
-    """Client of tests/integration/zygote.py: start node processes by forking a pre-imported server."""
-
-    def __init__(self) -> None:
-        root = Path(__file__).resolve().parents[2]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.zygote"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=root,
-        )  # fmt: skip
-        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
-        self.pids: list[int] = []
-
-    def start(self, argv: list[str], log: Path) -> int:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
-        self.proc.stdin.flush()
-        pid = int(self.proc.stdout.readline())
-        self.pids.append(pid)
-        return pid
-
-    def close(self) -> None:
-        for pid in self.pids:  # only the process groups we started
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.kill()
-        self.proc.wait(10)
-
-
-@pytest.fixture
-def zygote() -> Iterator[Zygote]:
-    z = Zygote()
-    try:
-        yield z
-    finally:
-        z.close()
 
 
 def segments(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -84,14 +40,6 @@ def segments(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return runs
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_sigkill_during_checkpoints_always_resumes(zygote: Zygote, tmp_path: Path) -> None:
     key = tmp_path / "node.key"
     run_dir = tmp_path / "runs" / short_id(load_or_create(key).peer_id)
@@ -104,20 +52,23 @@ def test_sigkill_during_checkpoints_always_resumes(zygote: Zygote, tmp_path: Pat
     t0, mid_write = time.monotonic(), 0
     for i in range(KILLS + 1):
         seen = len(list(read_events(metrics, "round")))
-        pid = zygote.start(argv, log)
-        wait_for(lambda s=seen: len(list(read_events(metrics, "round"))) > s, 60, f"run {i} to train", 0.05)  # type: ignore[misc]
-        assert alive(pid), log.read_text()[-3000:]
+
+        def trained(seen: int = seen) -> bool:
+            return len(list(read_events(metrics, "round"))) > seen
+
+        node = zygote.start(argv, log)
+        wait_for(trained, 60, f"run {i} to train", poll=0.05, watch=[node])
+        assert node.alive(), log.read_text()[-3000:]
         if i == KILLS:
             break
-        if i % 2 == 0:  # kill while the checkpoint is being written
-            deadline = time.monotonic() + 2.0
-            while not (run_dir / TEMPORARY).exists() and time.monotonic() < deadline:
-                pass
-        else:
+        # When the SIGKILL lands is the thing under test, so these waits are deliberate:
+        if i % 2 == 0:  # while the checkpoint is being written: spin (no sleep) to catch the short window
+            poll_until((run_dir / TEMPORARY).exists, 2.0, poll=0.0)
+        else:  # at a random moment of the round
             time.sleep(rng.uniform(0.0, 0.4))
-        os.killpg(pid, signal.SIGKILL)
+        node.kill()
         mid_write += (run_dir / TEMPORARY).exists()
-        wait_for(lambda p=pid: not alive(p), 10, "the killed node to go", 0.05)  # type: ignore[misc]
+        node.wait(10)
 
     text = log.read_text()
     assert "Traceback" not in text, text[-3000:]

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,35 +16,28 @@ import pytest
 
 from node.observe.metrics import read_events
 from tests.integration.browser import INSTALL_HINT, dump_dom, find_chromium, screenshot
-from tests.integration.nodes import wait_for
+from tests.procs import PYTHON, REPO, Procs, wait_for
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACT = ROOT / "test-artifacts" / "dashboard.png"
+ARTIFACT = REPO / "test-artifacts" / "dashboard.png"
 
 
 @pytest.fixture
-def local_swarm(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+def local_swarm(procs: Procs) -> Iterator[tuple[str, Path]]:
     """``swarm-node local`` with 2 nodes and the dashboard on a free port; yields (url, log dir)."""
-    log_dir, out = tmp_path / "runs", tmp_path / "local.log"
-    cmd = [sys.executable, "-m", "node", "local", "--nodes", "2", "--rounds", "1000000", "--local", "2"]
+    log_dir = procs.root / "runs"
+    cmd = [PYTHON, "-m", "node", "local", "--nodes", "2", "--rounds", "1000000", "--local", "2"]
     cmd += ["--generations", "4", "--seed", "1", "--log-dir", str(log_dir), "--dashboard-port", "0"]
-    with open(out, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+    local = procs.start("local", cmd)
     try:
-        wait_for(lambda: "nodes up" in out.read_text() or proc.poll() is not None, 120, "the local swarm")
-        assert proc.poll() is None, out.read_text()
-        url = re.search(r"dashboard at (http://\S+)", out.read_text())
-        assert url, out.read_text()
+        wait_for(lambda: "nodes up" in local.output(), 120, "the local swarm", poll=0.25, watch=[local])
+        url = re.search(r"dashboard at (http://\S+)", local.output())
+        assert url, local.output()
         yield url.group(1), log_dir
     finally:
-        proc.send_signal(signal.SIGINT)  # local stops its nodes (SIGTERM, then SIGKILL of their groups)
-        try:
-            proc.wait(40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        local.send(signal.SIGINT)  # local stops its nodes (SIGTERM, then SIGKILL of their groups)
+        procs.reap(settle=40.0)  # then SIGTERM, SIGKILL of its group if it has not left by then
 
 
 def _figure(dom: str, element_id: str) -> str:

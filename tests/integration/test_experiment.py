@@ -3,28 +3,28 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.procs import PYTHON, Procs
+
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def experiment(out: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "node", "experiment", "--nodes", "2", "--splits", "4/0,2/2", "--seeds", "1"]
+def experiment(procs: Procs, out: Path, name: str) -> tuple[int, str]:
+    """Exit status and output (stdout and stderr) of one ``swarm-node experiment`` run, bounded at 240 s."""
+    cmd = [PYTHON, "-m", "node", "experiment", "--nodes", "2", "--splits", "4/0,2/2", "--seeds", "1"]
     cmd += ["--rounds", "4", "--models", "tiny-s", "--tasks", "max", "--out", str(out), "--no-progress"]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    run = procs.start(name, cmd)
+    return run.wait(240), run.output()
 
 
-def test_experiment_writes_results_table_and_plots_then_resumes(tmp_path: Path) -> None:
+def test_experiment_writes_results_table_and_plots_then_resumes(procs: Procs, tmp_path: Path) -> None:
     out = tmp_path / "exp"
-    first = experiment(out)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert "2 runs finished (0 from before)" in first.stdout
+    code, first = experiment(procs, out, "first")
+    assert code == 0, first[-6000:]
+    assert "2 runs finished (0 from before)" in first
 
     data = json.loads((out / "results.json").read_text())
     assert [(s["split"], s["seeds"]) for s in data["summary"]] == [("4/0", 1), ("2/2", 1)]
@@ -45,7 +45,7 @@ def test_experiment_writes_results_table_and_plots_then_resumes(tmp_path: Path) 
     assert len(markers) == 2
     stamp = {m: m.stat().st_mtime_ns for m in markers}
 
-    again = experiment(out)  # everything finished: nothing is rerun, outputs are rebuilt
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "2 runs finished (2 from before)" in again.stdout
+    code, again = experiment(procs, out, "again")  # everything finished: nothing is rerun, outputs are rebuilt
+    assert code == 0, again[-3000:]
+    assert "2 runs finished (2 from before)" in again
     assert {m: m.stat().st_mtime_ns for m in markers} == stamp

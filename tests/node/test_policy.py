@@ -10,8 +10,9 @@ import torch
 from transformers import AutoTokenizer
 
 from node.training.models import BUILTIN_MODELS, ModelNotFound, load_model
-from node.training.policy import GenerationConfig, Policy, model_fingerprint
+from node.training.policy import GenerationConfig, Policy
 from node.training.tokenizer import CHARACTERS, char_tokenizer
+from swarm.fingerprint import model_fingerprint
 
 PROMPTS = ["max 3941=", "a", "count7 37719="]
 
@@ -102,7 +103,7 @@ def test_batched_greedy_generation_equals_one_by_one(policy: Policy) -> None:
 def test_generation_config_validation() -> None:
     for bad in (dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5), dict(max_new_tokens=0)):
         with pytest.raises(ValueError):
-            GenerationConfig(**bad)  # type: ignore[arg-type]
+            GenerationConfig(**bad)
     assert set(GenerationConfig.help()) == {"temperature", "top_p", "max_new_tokens"}
     assert GenerationConfig(top_p=0.5, temperature=0.7).top_p == 0.5
 

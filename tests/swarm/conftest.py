@@ -1,31 +1,39 @@
-"""Fixtures for swarm tests: exchange nodes in their own processes (see workers.py)."""
+"""Fixtures for swarm tests: exchange workers (workers.py) and sync peers (tests/faults.py), via tests/procs.py."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))  # for exchange_worker and workers (tests are not a package)
-
-from exchange_worker import make_batch  # noqa: E402
-from workers import WorkerProc, start_workers  # noqa: E402
+from tests.faults import FaultSwarm
+from tests.procs import Procs
+from tests.swarm.exchange_worker import make_batch
+from tests.swarm.workers import WorkerProc, start_workers
 
 
 @pytest.fixture(scope="module")
 def swarm4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerProc]]:
     """Four exchange nodes in separate processes, joined through the first."""
-    workers = start_workers(tmp_path_factory.mktemp("swarm4"), 4)
+    procs = Procs(tmp_path_factory.mktemp("swarm4"))
     try:
+        workers = start_workers(procs, 4)
         yield workers
-    finally:
         for w in workers:
-            w.stop()
+            w.quit()
+    finally:
+        procs.reap(settle=8.0, grace=2.0)
+
+
+@pytest.fixture(name="fault_swarm")
+def fault_swarm_fixture(procs: Procs) -> Iterator[FaultSwarm]:
+    """A :class:`FaultSwarm` in the test's ``tmp_path``; every peer is stopped (or killed) afterwards."""
+    swarm = FaultSwarm(procs)
+    try:
+        yield swarm
+    finally:
+        swarm.close()
 
 
 @pytest.fixture

@@ -9,11 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from workers import WorkerProc, start_workers
 
 from protocol import Descriptor, SigningKey, payload_digest, seal_descriptor
 from protocol.messages import DESCRIPTOR_KIND
@@ -22,9 +20,13 @@ from swarm.exchange import BatchRejection, ExchangeConfig, RolloutExchange, wind
 from swarm.identity import load_or_create
 from swarm.membership import Membership, MembershipConfig
 from swarm.payload_stream import HEADER, MAGIC, STATUS_OK
+from tests.procs import Procs
+from tests.swarm.workers import WorkerProc, start_workers
 
 pytestmark = pytest.mark.network
 SWARM = "test-swarm"
+# the workers' bounds (tests/swarm/exchange_worker.py defaults: --fetch-timeout, --collect-timeout)
+FETCH_TIMEOUT_S, COLLECT_TIMEOUT_S = 5.0, 10.0
 
 
 def _publish_all(workers: list[WorkerProc], round_: int, **shape: Any) -> dict[str, dict[str, Any]]:
@@ -73,29 +75,29 @@ def test_one_megabyte_payload(swarm4: list[WorkerProc]) -> None:
     assert big["size"] > 1_000_000
     res = swarm4[1].request(cmd="collect", since=since, limit=4)
     assert [a[1] for a in res["accepted"]] == [big["digest"]], res
-    assert res["elapsed_s"] < 5.0
+    assert res["failed"] == [] and res["rejected"] == [], res
+    assert res["elapsed_s"] <= COLLECT_TIMEOUT_S  # the documented bound on a whole collect()
     stats = swarm4[1].request(cmd="stats")
     assert stats["bytes_in"] >= big["size"] and stats["fetch_failed"] == 0
 
 
-def test_sigkilled_publisher_fails_fast_others_succeed(swarm4: list[WorkerProc], tmp_path: Path) -> None:
-    victim = start_workers(tmp_path, 1, first=swarm4[0], tag="victim")[0]
-    try:
-        since = time.time() - 0.5
-        victim.request(cmd="publish", round=3)
-        alive = _publish_all(swarm4[1:3], round_=3)
-        victim.kill()
-        res = swarm4[0].request(cmd="collect", since=since, limit=16)
-    finally:
-        victim.stop(timeout=1.0)
+def test_sigkilled_publisher_fails_fast_others_succeed(swarm4: list[WorkerProc], procs: Procs) -> None:
+    victim = start_workers(procs, 1, first=swarm4[0], tag="victim")[0]  # reaped with `procs`
+    since = time.time() - 0.5
+    victim.request(cmd="publish", round=3)
+    alive = _publish_all(swarm4[1:3], round_=3)
+    victim.kill()
+    res = swarm4[0].request(cmd="collect", since=since, limit=16)
     assert {a[1] for a in res["accepted"]} == {r["digest"] for r in alive.values()}, res
     reasons = dict(res["failed"])  # unreachable is an availability failure, not a trust failure
     assert victim.peer_id in reasons and res["rejected"] == [], res
     assert any(word in reasons[victim.peer_id] for word in ("unreachable", "timeout", "closed")), reasons
-    assert res["elapsed_s"] < 3.0, res  # fails at dial time (measured ~0.05 s); collect_timeout_s is 10
+    # "fails fast" is the property under test: the dead peer fails at dial time (measured ~0.05 s)
+    # instead of waiting out the fetch timeout
+    assert res["elapsed_s"] < FETCH_TIMEOUT_S, res
 
 
-def test_forged_descriptors_are_refused_at_store_time(mallory: RolloutExchange, swarm4: list) -> None:
+def test_forged_descriptors_are_refused_at_store_time(mallory: RolloutExchange, swarm4: list[WorkerProc]) -> None:
     victim_id, now = swarm4[1].peer_id, time.time()
     key = window_key(SWARM, now, mallory.cfg.window_s)
     dht = mallory.membership.dht

@@ -12,7 +12,7 @@ import pytest
 from protocol import Descriptor, SigningKey, payload_digest, seal_batch, seal_descriptor
 from protocol.messages import DESCRIPTOR_KIND
 from protocol.signing import seal
-from swarm.exchange import BatchRejection, ExchangeConfig, select_descriptors, verify_payload, window_key
+from swarm.exchange import BatchRejection, ExchangeConfig, Refusal, select_descriptors, verify_payload, window_key
 from swarm.payload_stream import FetchError, fetch_one, serve_one
 
 A, B, C = (SigningKey(bytes([i]) * 32) for i in (1, 2, 3))
@@ -27,7 +27,7 @@ def _entry(key: SigningKey, created: float, digest: str = "ab" * 32) -> tuple[st
     return key.peer_id, seal_descriptor(_desc(key, created, digest), key)
 
 
-def _select(entries: list[tuple[Any, Any]], **kw: Any) -> tuple[list[Descriptor], list[tuple[str, str]]]:
+def _select(entries: list[tuple[Any, Any]], **kw: Any) -> tuple[list[Descriptor], list[tuple[str, Refusal]]]:
     args: dict[str, Any] = dict(own=A.peer_id, now=NOW, since=0.0, fetched=set(), limit=10)
     args.update(kw)
     return select_descriptors(entries, rng=random.Random(0), **args)
@@ -38,8 +38,9 @@ def _select(entries: list[tuple[Any, Any]], **kw: Any) -> tuple[list[Descriptor]
     [("window_s", 0), ("descriptor_ttl_s", 5000), ("max_served", 0), ("chunk_bytes", 10)],
 )
 def test_config_rejects_bad_values_with_the_fix(field: str, value: float) -> None:
+    bad: dict[str, Any] = {field: value}
     with pytest.raises(ValueError, match=field):
-        ExchangeConfig(**{field: value})
+        ExchangeConfig(**bad)
 
 
 def test_window_key_is_time_bucketed() -> None:
@@ -125,7 +126,7 @@ async def _roundtrip(served: dict[str, bytes], digest: str, expected: int) -> by
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        coro = fetch_one(_TcpP2P(port), B.peer_id, "h", digest, expected, 4096)  # type: ignore[arg-type]
+        coro = fetch_one(_TcpP2P(port), B.peer_id, "h", digest, expected, 4096)
         return await asyncio.wait_for(coro, 5.0)
     finally:
         server.close()
@@ -149,4 +150,4 @@ def test_fetch_from_nowhere_is_unreachable() -> None:
             raise ConnectionRefusedError("dial failed")
 
     with pytest.raises(FetchError, match="peer unreachable"):
-        asyncio.run(fetch_one(Dead(), B.peer_id, "h", "0" * 64, 10, 4096))  # type: ignore[arg-type]
+        asyncio.run(fetch_one(Dead(), B.peer_id, "h", "0" * 64, 10, 4096))

@@ -7,9 +7,7 @@ matchmaking 1.5 s, all-reduce 4 s, commit 2 s, DHT 4 s, state 6 s).
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from hivemind.utils.timed_storage import get_dht_time
@@ -19,10 +17,7 @@ from protocol.signing import seal
 from swarm.identity import load_or_create
 from swarm.membership import Membership, MembershipConfig
 from swarm.sync.records import JOIN_KIND, STATE_KIND, JoinRecord, StateRecord, join_key, state_key
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ is not a package
-
-from faults import FaultSwarm, Peer, fault_swarm_fixture, final_state, hashes_by_revision  # noqa: F401
+from tests.faults import FaultSwarm, Peer, Record, final_state, hashes_by_revision
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(150)]
 
@@ -53,11 +48,11 @@ def test_three_peers_sync_three_times(fault_swarm: FaultSwarm) -> None:
     _assert_within_bound(peers)
 
 
-def _step(peer: Peer, step: int) -> dict:
+def _step(peer: Peer, step: int) -> Record:
     return next(r for r in peer.syncs() if r["step"] == step)
 
 
-def _assert_agree(reports: list[dict]) -> None:
+def _assert_agree(reports: list[Record]) -> None:
     """Survivors of one round either all committed the same state or all discarded."""
     assert len({r["committed"] for r in reports}) == 1, reports
     if reports[0]["committed"]:
