@@ -34,9 +34,9 @@ def add_option_flags(parser: argparse.ArgumentParser, cls: type[NodeOptions]) ->
             target: Any = parser
             helptext = argparse.SUPPRESS
         else:
-            target = groups.get(meta["group"]) or groups.setdefault(
-                meta["group"], parser.add_argument_group(meta["group"])
-            )
+            if meta["group"] not in groups:
+                groups[meta["group"]] = parser.add_argument_group(meta["group"])
+            target = groups[meta["group"]]
             helptext = meta["help"]
         names = [n for n in (meta["short"], flag_of(f)) if n]
         annotation = hints[f.name]

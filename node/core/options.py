@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 
 NODE = "node"
 SYNC = "outer sync (DiLoCo, among peers of the same architecture)"
@@ -138,7 +138,7 @@ def option_types(cls: type[NodeOptions]) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def to_argv(opts: NodeOptions, only: str = "inherited") -> list[str]:
+def to_argv(opts: NodeOptions, only: Literal["inherited", "changed"] = "inherited") -> list[str]:
     """``opts`` as a command line: the options ``local`` hands to children (``only="inherited"``, every value
     written out) or those that differ from their default (``only="changed"``).
 
