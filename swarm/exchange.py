@@ -4,15 +4,20 @@ A node *publishes* a batch by sealing it, keeping the bytes in a small LRU
 that its stream handler serves, and storing a signed :class:`Descriptor`
 (never the payload: see docs/ARCHITECTURE.md, "Rollout exchange") in the DHT under a time-windowed key with
 its own peer id as the subkey. A node *collects* by reading the current and
-previous window keys, choosing descriptors (pure :func:`select_descriptors`),
-fetching their payloads in parallel under per-fetch and overall deadlines, and
-verifying each payload (pure :func:`verify_payload`). Network trouble never
-raises from :meth:`RolloutExchange.collect`: it becomes a rejection reason.
+previous window keys, choosing descriptors (pure :func:`select_descriptors`,
+steered by each publisher's :class:`~swarm.reputation.Reputation`), fetching
+their payloads in parallel under a per-fetch deadline that follows from the
+payload's size and a minimum transfer rate, and verifying each payload (pure
+:func:`verify_payload`). Every outcome feeds the publisher's reputation, and
+every digest tried (accepted, refused or failed) is remembered and never
+fetched again. Network trouble never raises from :meth:`RolloutExchange.collect`:
+it becomes a counted rejection or failure reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import threading
@@ -28,7 +33,8 @@ from protocol.errors import MessageRejected
 from protocol.messages import open_batch, open_descriptor, payload_digest, seal_batch, seal_descriptor
 from protocol.schema import Descriptor, RolloutBatch
 from swarm.membership import Membership
-from swarm.payload_stream import FetchError, fetch_one, serve_one
+from swarm.payload_stream import FetchError, FetchFailure, Pace, fetch_many, serve_one
+from swarm.reputation import Offence, Reputation, ReputationConfig
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +58,54 @@ class ExchangeConfig:
     max_parallel_fetches: int = field(default=8, metadata={"help": "Most payload fetches in flight."})
     chunk_bytes: int = field(default=256 * 1024, metadata={"help": "Stream read/write chunk size, bytes."})
     dht_timeout_s: float = field(default=5.0, metadata={"help": "Bound on one DHT store or read, seconds."})
+    publish_wait_s: float = field(
+        default=0.2,
+        metadata={
+            "help": "Longest a round waits for its descriptor's DHT store, seconds; a slower store (e.g. a "
+            "replica that answers slowly on purpose) finishes and is counted in the background."
+        },
+    )
     remember_fetched: int = field(
-        default=4096, metadata={"help": "How many fetched digests are remembered to skip re-fetching."}
+        default=4096,
+        metadata={"help": "How many tried digests (fetched, refused or failed) are remembered to never fetch again."},
+    )
+    dial_timeout_s: float = field(
+        default=2.0, metadata={"help": "Bound on opening a stream to a publisher (relays included), seconds."}
+    )
+    first_byte_timeout_s: float = field(
+        default=1.0, metadata={"help": "Bound on a publisher's response header once the stream is open, seconds."}
+    )
+    min_rate_bps: float = field(
+        default=64 * 1024, metadata={"help": "Slowest payload transfer accepted after the grace period, bytes/s."}
+    )
+    rate_grace_s: float = field(
+        default=1.0, metadata={"help": "Seconds after the response header before the minimum rate is enforced."}
+    )
+    max_future_s: float = field(
+        default=30.0,
+        metadata={"help": "Clock skew tolerated in a descriptor's `created`; later ones are refused, seconds."},
+    )
+    live_timeout_s: float = field(
+        default=0.5, metadata={"help": "Bound on asking our p2p daemon which peers are connected, seconds."}
+    )
+    reputation: ReputationConfig = field(
+        default_factory=ReputationConfig,
+        metadata={"help": "Per-publisher reputation: exploration slots, decay, bans, memory bound."},
     )
 
     def __post_init__(self) -> None:
-        for name in ("window_s", "fetch_timeout_s", "collect_timeout_s", "dht_timeout_s"):
-            _positive(name, getattr(self, name), " seconds")
+        timeouts = ("window_s", "fetch_timeout_s", "collect_timeout_s", "dht_timeout_s", "dial_timeout_s")
+        for name in (
+            *timeouts,
+            "first_byte_timeout_s",
+            "rate_grace_s",
+            "live_timeout_s",
+            "min_rate_bps",
+            "publish_wait_s",
+        ):
+            _positive(name, getattr(self, name), " (bytes/s)" if name == "min_rate_bps" else " seconds")
+        if not 0 <= self.max_future_s <= limits.MAX_CLOCK_SKEW_S:
+            raise ValueError(f"max_future_s={self.max_future_s!r}; use a value in [0, {limits.MAX_CLOCK_SKEW_S}]")
         if not 0 < self.descriptor_ttl_s <= limits.MAX_DESCRIPTOR_TTL_S:
             raise ValueError(
                 f"descriptor_ttl_s={self.descriptor_ttl_s!r}; use a value in (0, {limits.MAX_DESCRIPTOR_TTL_S}]"
@@ -68,6 +115,11 @@ class ExchangeConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}; use at least 1")
         if not 4096 <= self.chunk_bytes <= 4 * 1024 * 1024:
             raise ValueError(f"chunk_bytes={self.chunk_bytes!r}; use 4096..4194304 (e.g. 262144)")
+
+    @property
+    def pace(self) -> Pace:
+        """The transfer pace every publisher must keep (see ``swarm.payload_stream.Pace``)."""
+        return Pace(self.dial_timeout_s, self.first_byte_timeout_s, self.min_rate_bps, self.rate_grace_s)
 
 
 class BatchRejection(StrEnum):
@@ -84,6 +136,7 @@ class BatchRejection(StrEnum):
     BAD_BATCH = "bad batch"
     PUBLISHER_MISMATCH = "publisher mismatch"
     ROUND_MISMATCH = "round mismatch"
+    FUTURE_DATED = "future-dated descriptor"
 
 
 @dataclass(frozen=True)
@@ -109,9 +162,11 @@ class PayloadRejected(MessageRejected):
 class CollectResult:
     """What one collect() got: verified batches, refusals and failures (peer id, reason), timing.
 
-    ``rejected`` holds trust failures (forged, tampered or malformed data);
-    ``failed`` holds availability failures (unreachable peer, timeout, a batch
-    its publisher no longer serves), which say nothing against the peer.
+    ``rejected`` holds trust failures (forged, tampered, malformed or
+    future-dated data); ``failed`` holds availability failures (unreachable
+    peer, too slow, a batch its publisher no longer serves). Both lower the
+    publisher's reputation, trust failures more. ``skipped_banned`` counts
+    the banned publishers whose descriptors were not even opened.
     """
 
     accepted: list[tuple[Descriptor, RolloutBatch]]
@@ -119,6 +174,16 @@ class CollectResult:
     seen: int
     elapsed_s: float
     failed: list[tuple[str, str]] = field(default_factory=list)
+    skipped_banned: int = 0
+
+
+@dataclass
+class Selection:
+    """What :func:`select_descriptors` decided: descriptors to fetch, in order, and what it refused."""
+
+    chosen: list[Descriptor]
+    rejected: list[tuple[str, Refusal]]
+    skipped_banned: int = 0
 
 
 def window_key(swarm_id: str, t: float, window_s: float) -> str:
@@ -135,31 +200,95 @@ def select_descriptors(
     fetched: Container[str],
     limit: int,
     rng: random.Random,
-) -> tuple[list[Descriptor], list[tuple[str, Refusal]]]:
-    """Choose what to fetch from raw DHT ``(subkey, value)`` entries.
+    reputation: Reputation,
+    live: Container[str] = frozenset(),
+    max_future_s: float = 30.0,
+    opened: OpenedCache | None = None,
+) -> Selection:
+    """Choose what to fetch from raw DHT ``(subkey, value)`` entries; reads ``reputation``, never changes it.
 
-    Forged or malformed entries are rejected with a reason; own, expired,
-    older-than-``since``, future-dated and already fetched ones are dropped
-    silently. At most ``limit`` are chosen, newest first, ties in random order.
+    Entries under a banned publisher's subkey are skipped unopened (counted
+    once per publisher). Forged or malformed entries are refused with a
+    reason, and so is a ``created`` more than ``max_future_s`` in the future
+    (:attr:`BatchRejection.FUTURE_DATED`). Own, expired, older-than-``since``
+    and already tried (``fetched``) ones are dropped silently. ``created`` only
+    filters: it never orders, so a claimed time cannot buy priority. Each
+    publisher gets at most one descriptor (its freshest untried one), and
+    publishers are ranked by :meth:`Reputation.choose` (good ones first,
+    unknown ones within the exploration slots), at most ``limit`` of them.
     """
-    valid: dict[str, Descriptor] = {}
+    freshest: dict[str, Descriptor] = {}
     rejected: list[tuple[str, Refusal]] = []
+    banned: set[str] = set()
     for subkey, value in entries:
-        who = subkey if isinstance(subkey, str) else repr(subkey)[:64]
-        try:
-            desc = open_descriptor(value)
-        except MessageRejected as e:
-            rejected.append((who, Refusal(BatchRejection.BAD_DESCRIPTOR, e.reason)))
+        if isinstance(subkey, str) and reputation.banned(subkey, now) is not None:
+            banned.add(subkey)  # its own records only: a foreign record under this subkey cannot be stored
             continue
-        if desc.publisher != subkey:
-            rejected.append((who, Refusal(BatchRejection.WRONG_SUBKEY, f"descriptor of {desc.publisher[-6:]}")))
+        desc = _open_entry(subkey, value, now, max_future_s, rejected, opened)
+        stale = desc is None or desc.expires <= now or desc.created < since
+        if desc is None or stale or desc.publisher == own or desc.payload_digest in fetched:
             continue
-        stale = desc.expires <= now or desc.created < since or desc.created > now + limits.MAX_CLOCK_SKEW_S
-        if desc.publisher == own or stale or desc.payload_digest in fetched:
-            continue
-        valid[desc.payload_digest] = desc
-    order = sorted(valid.values(), key=lambda d: (-d.created, rng.random()))
-    return order[: max(limit, 0)], rejected
+        best = freshest.get(desc.publisher)
+        if best is None or (desc.created, desc.payload_digest) > (best.created, best.payload_digest):
+            freshest[desc.publisher] = desc
+    order = reputation.choose(freshest, now, limit=limit, live=live, rng=rng)
+    return Selection([freshest[p] for p in order], rejected, len(banned))
+
+
+class OpenedCache:
+    """Descriptors already opened (or refused), by (subkey, value): each DHT entry's signature is checked once.
+
+    A collect reads every entry of two windows; under a flood of validly
+    signed descriptors (hundreds of keys) checking each Ed25519 signature on
+    every read cost ~0.1 ms an entry, every round. Bounded: oldest out first.
+    """
+
+    def __init__(self, capacity: int = 8192) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[str, bytes], Descriptor | Refusal] = OrderedDict()
+
+    def open(self, subkey: Any, value: Any) -> Descriptor | Refusal:
+        """The descriptor under ``subkey``, or the refusal; from the cache when seen before."""
+        if not isinstance(subkey, str) or not isinstance(value, bytes):
+            return _open_uncached(subkey, value)
+        key = (subkey, hashlib.sha256(value).digest())
+        found = self._items.get(key)
+        if found is None:
+            found = self._items[key] = _open_uncached(subkey, value)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+        return found
+
+
+def _open_uncached(subkey: Any, value: Any) -> Descriptor | Refusal:
+    try:
+        desc = open_descriptor(value)
+    except MessageRejected as e:
+        return Refusal(BatchRejection.BAD_DESCRIPTOR, e.reason)
+    if desc.publisher != subkey:
+        return Refusal(BatchRejection.WRONG_SUBKEY, f"descriptor of {desc.publisher[-6:]}")
+    return desc
+
+
+def _open_entry(
+    subkey: Any,
+    value: Any,
+    now: float,
+    max_future_s: float,
+    rejected: list[tuple[str, Refusal]],
+    opened: OpenedCache | None = None,
+) -> Descriptor | None:
+    """The descriptor in one DHT entry, or None after appending the reason it was refused."""
+    who = subkey[:128] if isinstance(subkey, str) else f"<{type(subkey).__name__} subkey>"  # no repr: depth
+    desc = opened.open(subkey, value) if opened is not None else _open_uncached(subkey, value)
+    if isinstance(desc, Refusal):
+        rejected.append((who, desc))
+        return None
+    if desc.created > now + max_future_s:
+        ahead = f"created {desc.created - now:.0f} s ahead, {max_future_s:g} s allowed"
+        rejected.append((who, Refusal(BatchRejection.FUTURE_DATED, ahead)))
+        return None
+    return desc
 
 
 def verify_payload(desc: Descriptor, payload: bytes) -> RolloutBatch:
@@ -181,6 +310,10 @@ def verify_payload(desc: Descriptor, payload: bytes) -> RolloutBatch:
     return batch
 
 
+_MAX_PENDING_STORES = 4
+"""Descriptor stores left to finish in the background at once (see RolloutExchange._store)."""
+
+
 class RolloutExchange:
     """Publishes this node's rollout batches and collects other peers'. Thread-safe for one caller."""
 
@@ -197,11 +330,14 @@ class RolloutExchange:
         self._clock = clock
         self._rng = rng or random.Random()
         self._served: OrderedDict[str, bytes] = OrderedDict()
+        # digests tried: accepted, refused or failed (but not cut by our own deadline); never fetched again
         self._fetched: OrderedDict[str, None] = OrderedDict()
+        self._reputation = Reputation(self.cfg.reputation)
+        self._opened = OpenedCache()
+        self._pending_stores = 0
         self._lock = threading.Lock()
-        self._stats = dict.fromkeys(
-            ("bytes_in", "bytes_out", "fetch_ok", "fetch_failed", "published", "publish_failed", "served"), 0
-        )
+        counters = ("bytes_in", "bytes_out", "fetch_ok", "fetch_failed", "fetch_too_slow", "published")
+        self._stats = dict.fromkeys((*counters, "publish_failed", "served", "skipped_banned"), 0)
         self._started = False
 
     @property
@@ -269,22 +405,51 @@ class RolloutExchange:
             created + self.cfg.descriptor_ttl_s,
         )  # fmt: skip
         ok = self._store(window_key(self.membership.cfg.swarm_id, created, self.cfg.window_s), desc)
-        self._count(published=int(ok), publish_failed=int(not ok))
-        logger.info("%s published %s (%d bytes, stored=%s)", self._tag(), digest[:12], len(payload), ok)
+        state = "pending" if ok is None else ok
+        logger.info("%s published %s (%d bytes, stored=%s)", self._tag(), digest[:12], len(payload), state)
         return desc
 
-    def _store(self, key: str, desc: Descriptor) -> bool:
+    def _store(self, key: str, desc: Descriptor) -> bool | None:
+        """Store ``desc``; its outcome, or None when it is still in flight after ``publish_wait_s``.
+
+        A DHT store waits for every replica it asks, and a hostile replica can answer slowly:
+        the round waits a short while, then the store is counted when it ends. At most
+        ``_MAX_PENDING_STORES`` wait in the background; past that the round waits in full.
+        """
         sealed = seal_descriptor(desc, self.membership.identity.key)
         dht = self.membership.dht
         if dht is None:
+            self._count(publish_failed=1)
             return False
         future = dht.store(key, sealed, desc.expires, subkey=self.peer_id, return_future=True)
+        with self._lock:
+            wait = self.cfg.publish_wait_s if self._pending_stores < _MAX_PENDING_STORES else self.cfg.dht_timeout_s
         try:
-            return bool(future.result(timeout=self.cfg.dht_timeout_s))
+            ok = bool(future.result(timeout=wait))
+        except TimeoutError:
+            if wait >= self.cfg.dht_timeout_s:
+                return self._store_failed(future, key, "timeout")
+            with self._lock:
+                self._pending_stores += 1
+            future.add_done_callback(self._store_done)
+            return None
         except Exception as e:
-            future.cancel()
-            logger.warning("%s DHT store of %s failed: %s", self._tag(), key, e or type(e).__name__)
-            return False
+            return self._store_failed(future, key, str(e) or type(e).__name__)
+        self._count(published=int(ok), publish_failed=int(not ok))
+        return ok
+
+    def _store_failed(self, future: Any, key: str, why: str) -> bool:
+        future.cancel()
+        self._count(publish_failed=1)
+        logger.warning("%s DHT store of %s failed: %s", self._tag(), key, why)
+        return False
+
+    def _store_done(self, future: Any) -> None:
+        """A background store ended (called from hivemind's future thread)."""
+        ok = not future.cancelled() and future.exception() is None and bool(future.result())
+        with self._lock:
+            self._pending_stores -= 1
+        self._count(published=int(ok), publish_failed=int(not ok))
 
     def _lookup(self, digest: str) -> bytes | None:
         with self._lock:
@@ -314,20 +479,54 @@ class RolloutExchange:
         deadline = start + self.cfg.collect_timeout_s
         now = float(self._clock())
         entries = self._read_entries(now, deadline)
+        live = self._live_peers(deadline)
         with self._lock:
-            fetched = set(self._fetched)
-        chosen, rejected = select_descriptors(
-            entries, own=self.peer_id, now=now, since=since, fetched=fetched, limit=limit, rng=self._rng
-        )
-        results = self._fetch_all(chosen, deadline - time.monotonic())
+            sel = select_descriptors(
+                entries, own=self.peer_id, now=now, since=since, fetched=self._fetched, limit=limit,
+                rng=self._rng, reputation=self._reputation, live=live, max_future_s=self.cfg.max_future_s,
+                opened=self._opened,
+            )  # fmt: skip
+            for publisher in {p for p, r in sel.rejected if r.reason is BatchRejection.FUTURE_DATED}:
+                self._reputation.penalize(publisher, Offence.FUTURE_DATED, now)
+        results = self._fetch_all(sel.chosen, deadline - time.monotonic())
         failed: list[tuple[str, str]] = []
-        accepted = self._verify_all(chosen, results, rejected, failed)
+        accepted = self._verify_all(sel.chosen, results, sel.rejected, failed, now)
         elapsed = time.monotonic() - start
+        self._count(skipped_banned=sel.skipped_banned)
         logger.info(
-            "%s collected %d of %d chosen (%d seen, %d rejected, %d failed) in %.2fs",
-            self._tag(), len(accepted), len(chosen), len(entries), len(rejected), len(failed), elapsed,
+            "%s collected %d of %d chosen (%d seen, %d rejected, %d failed, %d banned skipped) in %.2fs",
+            self._tag(), len(accepted), len(sel.chosen), len(entries), len(sel.rejected), len(failed),
+            sel.skipped_banned, elapsed,
         )  # fmt: skip
-        return CollectResult(accepted, rejected, len(entries), elapsed, failed)
+        return CollectResult(accepted, sel.rejected, len(entries), elapsed, failed, sel.skipped_banned)
+
+    def judge(self, publisher: str, *, accepted: int, informative: int, refused: int) -> None:
+        """Feed back the node's local re-verification of ``publisher``'s groups into its reputation.
+
+        ``accepted`` groups passed, ``informative`` of them have a non-zero
+        advantage, ``refused`` failed verification.
+        """
+        now = float(self._clock())
+        with self._lock:
+            self._reputation.judge(publisher, now, accepted=accepted, informative=informative, refused=refused)
+
+    def reputation_summary(self) -> dict[str, Any]:
+        """JSON-able: publishers tracked, banned now, and bans started so far by reason."""
+        now = float(self._clock())
+        with self._lock:
+            return self._reputation.summary(now)
+
+    def _live_peers(self, deadline: float) -> frozenset[str]:
+        """Peer ids our p2p daemon is connected to now; empty when it does not answer in time."""
+        budget = min(self.cfg.live_timeout_s, deadline - time.monotonic())
+        if budget <= 0:
+            return frozenset()
+        try:
+            infos = self.membership.run(self.membership.p2p.list_peers(), budget)
+            return frozenset(info.peer_id.to_base58() for info in infos)
+        except Exception as e:  # only a hint for exploration: go on without it
+            logger.debug("%s listing connected peers failed: %s", self._tag(), e or type(e).__name__)
+            return frozenset()
 
     def _read_entries(self, now: float, deadline: float) -> list[tuple[Any, Any]]:
         """Raw (subkey, value) pairs under the current and previous window keys."""
@@ -350,76 +549,88 @@ class RolloutExchange:
                 entries.extend((subkey, item.value) for subkey, item in found.value.items())
         return entries
 
-    def _fetch_all(self, chosen: list[Descriptor], budget: float) -> dict[str, bytes | str]:
-        """Payload bytes, or a failure reason, per chosen digest."""
-        if not chosen:
+    def _fetch_all(self, chosen: list[Descriptor], budget: float) -> dict[str, bytes | FetchError]:
+        """Payload bytes or why the fetch failed, per chosen digest; absent when our own deadline cut it."""
+        if not chosen or budget <= 0:
             return {}
-        if budget <= 0:
-            return {d.payload_digest: "collect deadline" for d in chosen}
         try:
-            result: dict[str, bytes | str] = self.membership.run(self._fetch_many(chosen, budget), budget + 2.0)
+            wanted = [(d.publisher, d.payload_digest, d.payload_size) for d in chosen]
+            coro = fetch_many(
+                self.membership.p2p, self.handler_name, wanted, budget_s=budget, parallel=self.cfg.max_parallel_fetches,
+                chunk_bytes=self.cfg.chunk_bytes, pace=self.cfg.pace, cap_s=self.cfg.fetch_timeout_s,
+            )  # fmt: skip
+            result: dict[str, bytes | FetchError] = self.membership.run(coro, budget + 2.0)
             return result
         except Exception as e:  # the loop itself is stuck or gone
             logger.warning("%s fetching failed as a whole: %s", self._tag(), e or type(e).__name__)
-            return {d.payload_digest: "collect deadline" for d in chosen}
-
-    async def _fetch_many(self, chosen: list[Descriptor], budget: float) -> dict[str, bytes | str]:
-        slots = asyncio.Semaphore(self.cfg.max_parallel_fetches)
-
-        async def one(desc: Descriptor) -> bytes | str:
-            async with slots:
-                return await self._fetch_one(desc)
-
-        tasks = {d.payload_digest: asyncio.create_task(one(d)) for d in chosen}
-        done, pending = await asyncio.wait(tasks.values(), timeout=budget)
-        for task in pending:
-            task.cancel()
-        return {dg: task.result() if task in done else "collect deadline" for dg, task in tasks.items()}
-
-    async def _fetch_one(self, desc: Descriptor) -> bytes | str:
-        try:
-            coro = fetch_one(
-                self.membership.p2p, desc.publisher, self.handler_name, desc.payload_digest,
-                desc.payload_size, self.cfg.chunk_bytes,
-            )  # fmt: skip
-            return await asyncio.wait_for(coro, self.cfg.fetch_timeout_s)
-        except TimeoutError:
-            return "fetch timeout"
-        except FetchError as e:
-            return e.reason
-        except Exception as e:  # never let one bad peer break the collect
-            return f"fetch failed: {type(e).__name__}: {e}"[:200]
+            return {}
 
     def _verify_all(
         self,
         chosen: list[Descriptor],
-        results: dict[str, bytes | str],
+        results: dict[str, bytes | FetchError],
         rejected: list[tuple[str, Refusal]],
         failed: list[tuple[str, str]],
+        now: float,
     ) -> list[tuple[Descriptor, RolloutBatch]]:
         accepted: list[tuple[Descriptor, RolloutBatch]] = []
         for desc in chosen:
-            result = results.get(desc.payload_digest, "collect deadline")
-            if isinstance(result, str):
-                self._count(fetch_failed=1)
-                failed.append((desc.publisher, result))
-                logger.info("%s fetch from %s failed: %s", self._tag(), desc.publisher[-6:], result)
+            result = results.get(desc.payload_digest)
+            if not isinstance(result, bytes):
+                reason = COLLECT_DEADLINE if result is None else result.reason
+                failed.append((desc.publisher, reason))
+                slow = result is not None and result.kind is FetchFailure.TOO_SLOW
+                self._count(fetch_failed=1, fetch_too_slow=int(slow))
+                logger.info("%s fetch from %s failed: %s", self._tag(), desc.publisher[-6:], reason)
+                if result is not None:  # a cut by our own deadline is no fault of the publisher: try again later
+                    self._settle(desc, now, offence_for_failure(result.kind), credit=False)
                 continue
             self._count(bytes_in=len(result))
             try:
                 accepted.append((desc, verify_payload(desc, result)))
-                self._count(fetch_ok=1)
-                self._remember(desc.payload_digest)
             except PayloadRejected as e:
                 self._count(fetch_failed=1)
                 rejected.append((desc.publisher, e.refusal))
-                if e.refusal.reason not in (BatchRejection.DIGEST_MISMATCH, BatchRejection.SIZE_MISMATCH):
-                    self._remember(desc.payload_digest)  # right bytes, bad content: never valid
+                self._settle(desc, now, offence_for_refusal(e.refusal.reason), credit=False)
                 logger.warning("%s rejected payload from %s: %s", self._tag(), desc.publisher[-6:], e.reason)
+                continue
+            self._count(fetch_ok=1)
+            self._settle(desc, now, None, credit=True)
         return accepted
 
-    def _remember(self, digest: str) -> None:
+    def _settle(self, desc: Descriptor, now: float, offence: Offence | None, *, credit: bool) -> None:
+        """Remember ``desc``'s digest for good; penalise its publisher for ``offence`` or credit the delivery."""
         with self._lock:
-            self._fetched[digest] = None
+            self._fetched[desc.payload_digest] = None
             while len(self._fetched) > self.cfg.remember_fetched:
                 self._fetched.popitem(last=False)
+            if offence is not None:
+                self._reputation.penalize(desc.publisher, offence, now)
+            elif credit:
+                self._reputation.delivered(desc.publisher, now)
+
+
+COLLECT_DEADLINE = "collect deadline"
+"""The ``failed`` reason of a fetch cut by this node's own collect deadline (no fault of the publisher)."""
+
+
+def offence_for_failure(kind: FetchFailure) -> Offence | None:
+    """What a failed fetch says about its publisher; None when nothing (an error reply is an honest answer).
+
+    An honest publisher answers "unknown digest" for a batch it no longer
+    serves; an attacker replaying its old descriptors must not get it penalised.
+    """
+    if kind is FetchFailure.PEER_ERROR:
+        return None
+    if kind is FetchFailure.TOO_SLOW:
+        return Offence.TOO_SLOW
+    if kind in (FetchFailure.TOO_LARGE, FetchFailure.SIZE_MISMATCH, FetchFailure.BAD_HEADER):
+        return Offence.DIGEST_MISMATCH  # it announced other bytes than it signed for
+    return Offence.UNREACHABLE
+
+
+def offence_for_refusal(reason: BatchRejection) -> Offence:
+    """What a refused payload says about its publisher (streams are authenticated: the bytes are its own)."""
+    if reason in (BatchRejection.DIGEST_MISMATCH, BatchRejection.SIZE_MISMATCH):
+        return Offence.DIGEST_MISMATCH
+    return Offence.REFUSED_CONTENT

@@ -9,15 +9,23 @@ Wire format (one request per stream):
 
 The client checks the announced length against the descriptor's payload size
 and the protocol limit *before* reading the body, reads in chunks, and closes
-the stream in every case. Timeouts are the caller's (``asyncio.wait_for``).
+the stream in every case. A total timeout alone would let a publisher that
+dribbles bytes hold a fetch for all of it, so the client also keeps a
+:class:`Pace`: the stream must open within ``dial_timeout_s``, the response
+header must arrive within ``first_byte_timeout_s``, and after ``grace_s`` the
+body must keep up ``min_rate_bps``. Falling behind ends the fetch with
+:attr:`FetchFailure.TOO_SLOW`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 
 from hivemind.p2p import P2P, PeerID
 
@@ -32,12 +40,59 @@ DIGEST_LEN = 64
 MAX_ERROR_BYTES = 256
 
 
-class FetchError(Exception):
-    """A fetch failed; ``reason`` is short and stable (used as the rejection reason)."""
+class FetchFailure(StrEnum):
+    """Why a fetch failed; the stable first part of :attr:`FetchError.reason`."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    UNREACHABLE = "peer unreachable"
+    TOO_SLOW = "too slow"
+    CLOSED = "stream closed early"
+    CONNECTION = "connection failed"
+    PEER_ERROR = "peer error"
+    BAD_HEADER = "bad response header"
+    TOO_LARGE = "payload too large"
+    SIZE_MISMATCH = "size mismatch"
+
+
+class FetchError(Exception):
+    """A fetch failed: ``kind`` to act on, ``reason`` (kind and detail, short) to count and log."""
+
+    def __init__(self, kind: FetchFailure, detail: str = "") -> None:
+        self.kind = kind
+        self.reason = f"{kind.value}: {detail}" if detail else kind.value
+        super().__init__(self.reason)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How fast a publisher must answer; see the module docstring."""
+
+    dial_timeout_s: float = 2.0
+    first_byte_timeout_s: float = 1.0
+    min_rate_bps: float = 64 * 1024
+    grace_s: float = 1.0
+
+    def budget_s(self, size: int) -> float:
+        """Longest a fetch of ``size`` bytes can take while keeping pace (each phase at its limit).
+
+        >>> Pace(2.0, 1.0, 1000.0, 1.0).budget_s(3000)
+        7.0
+        """
+        return self.dial_timeout_s + self.first_byte_timeout_s + self.grace_s + size / self.min_rate_bps
+
+    def body_deadline(self, header_at: float, received: int) -> float:
+        """When the body falls below the minimum rate if no more than ``received`` bytes have arrived.
+
+        The first ``grace_s`` after the header are free (slow start, one
+        scheduling hiccup); after that ``received`` must stay at or above
+        ``min_rate_bps * (t - header_at - grace_s)``.
+
+        >>> Pace(min_rate_bps=1000.0, grace_s=1.0).body_deadline(10.0, 500)
+        11.5
+        """
+        return header_at + self.grace_s + received / self.min_rate_bps
+
+
+DEFAULT_PACE = Pace()
 
 
 def error_frame(message: str) -> bytes:
@@ -67,46 +122,126 @@ async def serve_one(
     return len(payload)
 
 
-async def fetch_one(p2p: P2P, peer_id: str, handler: str, digest: str, expected_size: int, chunk_bytes: int) -> bytes:
-    """Fetch the payload ``digest`` from ``peer_id``; raise FetchError with a reason."""
+async def fetch_one(
+    p2p: P2P,
+    peer_id: str,
+    handler: str,
+    digest: str,
+    expected_size: int,
+    chunk_bytes: int,
+    pace: Pace = DEFAULT_PACE,
+) -> bytes:
+    """Fetch the payload ``digest`` from ``peer_id`` at ``pace`` or better; raise FetchError with a reason.
+
+    A total bound is still the caller's (``asyncio.wait_for``); ``pace`` ends a
+    fetch early when its publisher is silent or slow.
+    """
     try:
-        _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), handler)
+        call = p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), handler)
+        _, reader, writer = await asyncio.wait_for(call, pace.dial_timeout_s)
     except asyncio.CancelledError:
         raise
+    except TimeoutError:
+        raise FetchError(FetchFailure.UNREACHABLE, f"no stream within {pace.dial_timeout_s:g} s") from None
     except Exception as e:
-        raise FetchError(f"peer unreachable: {_short(e)}") from None
+        raise FetchError(FetchFailure.UNREACHABLE, _short(e)) from None
     try:
         writer.write(digest.encode("ascii"))
         await writer.drain()
-        return await _read_response(reader, expected_size, chunk_bytes)
+        return await _read_response(reader, expected_size, chunk_bytes, pace)
     except asyncio.IncompleteReadError as e:
-        raise FetchError(f"stream closed early ({len(e.partial)} bytes of a frame)") from None
+        raise FetchError(FetchFailure.CLOSED, f"{len(e.partial)} bytes of a frame") from None
     except (ConnectionError, OSError) as e:
-        raise FetchError(f"connection failed: {_short(e)}") from None
+        raise FetchError(FetchFailure.CONNECTION, _short(e)) from None
     finally:
         writer.close()
 
 
-async def _read_response(reader: asyncio.StreamReader, expected_size: int, chunk_bytes: int) -> bytes:
-    magic, status, length = HEADER.unpack(await reader.readexactly(HEADER.size))
+async def fetch_many(
+    p2p: P2P,
+    handler: str,
+    wanted: Sequence[tuple[str, str, int]],
+    *,
+    budget_s: float,
+    parallel: int,
+    chunk_bytes: int,
+    pace: Pace = DEFAULT_PACE,
+    cap_s: float = math.inf,
+) -> dict[str, bytes | FetchError]:
+    """Fetch each ``(peer_id, digest, size)`` in ``wanted``, at most ``parallel`` at once, within ``budget_s``.
+
+    Each fetch ends at ``pace.budget_s(size)`` (at most ``cap_s``) with
+    :attr:`FetchFailure.TOO_SLOW`, so no single straggler holds the rest.
+    Returns the bytes or the error per digest; digests still running when
+    ``budget_s`` ends are absent (the caller's own deadline, no fault of theirs).
+    """
+    slots = asyncio.Semaphore(parallel)
+
+    async def one(peer_id: str, digest: str, size: int) -> bytes | FetchError:
+        async with slots:
+            limit = min(cap_s, pace.budget_s(size))
+            try:
+                coro = fetch_one(p2p, peer_id, handler, digest, size, chunk_bytes, pace)
+                return await asyncio.wait_for(coro, limit)
+            except TimeoutError:
+                return FetchError(FetchFailure.TOO_SLOW, f"no payload within {limit:.1f} s")
+            except FetchError as e:
+                return e
+            except Exception as e:  # never let one bad peer break the others
+                return FetchError(FetchFailure.CONNECTION, f"{type(e).__name__}: {_short(e)}")
+
+    tasks = {digest: asyncio.create_task(one(peer, digest, size)) for peer, digest, size in wanted}
+    if not tasks:
+        return {}
+    done, pending = await asyncio.wait(tasks.values(), timeout=budget_s)
+    for task in pending:
+        task.cancel()
+    return {digest: task.result() for digest, task in tasks.items() if task in done}
+
+
+async def _read_response(reader: asyncio.StreamReader, expected_size: int, chunk_bytes: int, pace: Pace) -> bytes:
+    wait = pace.first_byte_timeout_s
+    raw = await _within(reader.readexactly(HEADER.size), wait, f"no response within {wait:g} s")
+    magic, status, length = HEADER.unpack(raw)
     if magic != MAGIC:
-        raise FetchError("bad response header")
+        raise FetchError(FetchFailure.BAD_HEADER)
     if status != STATUS_OK:
         if length > MAX_ERROR_BYTES:
-            raise FetchError(f"peer error reply of {length} bytes is too long")
-        message = (await reader.readexactly(length)).decode(errors="replace")
-        raise FetchError(f"peer error: {message}")
+            raise FetchError(FetchFailure.PEER_ERROR, f"error reply of {length} bytes is too long")
+        message = await _within(reader.readexactly(length), pace.grace_s, "error reply cut off")
+        raise FetchError(FetchFailure.PEER_ERROR, message.decode(errors="replace"))
     if length > expected_size or length > limits.MAX_PAYLOAD_BYTES:
-        raise FetchError(f"payload too large: peer announced {length} bytes, descriptor says {expected_size}")
+        raise FetchError(FetchFailure.TOO_LARGE, f"peer announced {length} bytes, descriptor says {expected_size}")
     if length != expected_size:
-        raise FetchError(f"size mismatch: peer announced {length} bytes, descriptor says {expected_size}")
+        raise FetchError(FetchFailure.SIZE_MISMATCH, f"peer announced {length} bytes, descriptor says {expected_size}")
+    return await _read_body(reader, length, chunk_bytes, pace)
+
+
+async def _read_body(reader: asyncio.StreamReader, length: int, chunk_bytes: int, pace: Pace) -> bytes:
+    loop = asyncio.get_running_loop()
+    header_at = loop.time()
     buf = bytearray()
-    while len(buf) < length:
-        chunk = await reader.read(min(chunk_bytes, length - len(buf)))
-        if not chunk:
-            raise FetchError(f"stream closed after {len(buf)} of {length} bytes")
-        buf += chunk
+    try:
+        # one timeout, pushed back as bytes arrive: cheaper than a wait_for per read
+        async with asyncio.timeout_at(pace.body_deadline(header_at, 0)) as cutoff:
+            while len(buf) < length:
+                chunk = await reader.read(min(chunk_bytes, length - len(buf)))
+                if not chunk:
+                    raise FetchError(FetchFailure.CLOSED, f"after {len(buf)} of {length} bytes")
+                buf += chunk
+                cutoff.reschedule(pace.body_deadline(header_at, len(buf)))
+    except TimeoutError:
+        took = loop.time() - header_at
+        detail = f"{len(buf)} of {length} bytes in {took:.1f} s, below {pace.min_rate_bps:.0f} B/s"
+        raise FetchError(FetchFailure.TOO_SLOW, detail) from None
     return bytes(buf)
+
+
+async def _within(aw: Awaitable[bytes], timeout: float, detail: str) -> bytes:
+    try:
+        return await asyncio.wait_for(aw, timeout)
+    except TimeoutError:
+        raise FetchError(FetchFailure.TOO_SLOW, detail) from None
 
 
 def _short(e: BaseException) -> str:

@@ -8,7 +8,8 @@ ready, then answers each command line with one ``@@ {...}`` line:
 * ``{"cmd": "publish", "round": 1, "groups": 2, "completions": 4, "chars": 64}``
 * ``{"cmd": "collect", "since": 0.0, "limit": 8}``
 * ``{"cmd": "fetch", "peer": ID, "digest": HEX, "size": N}`` (one timed pull, no DHT)
-* ``{"cmd": "stats"}`` / ``{"cmd": "quit"}``
+* ``{"cmd": "judge", "peer": ID, "accepted": 2, "informative": 1, "refused": 0}`` (what a node reports)
+* ``{"cmd": "stats"}`` / ``{"cmd": "reputation"}`` / ``{"cmd": "quit"}``
 """
 
 from __future__ import annotations
@@ -62,17 +63,23 @@ def _handle(ex: RolloutExchange, cmd: dict[str, Any]) -> dict[str, Any]:
             "failed": res.failed,
             "seen": res.seen,
             "elapsed_s": res.elapsed_s,
+            "skipped_banned": res.skipped_banned,
         }
     if cmd["cmd"] == "fetch":  # one bare stream pull + verification, timed (for the benchmark)
         return _timed_fetch(ex, cmd["peer"], cmd["digest"], cmd["size"])
+    if cmd["cmd"] == "judge":
+        ex.judge(cmd["peer"], accepted=cmd["accepted"], informative=cmd["informative"], refused=cmd["refused"])
+        return {"ok": True}
     if cmd["cmd"] == "stats":
         return ex.stats()
+    if cmd["cmd"] == "reputation":
+        return ex.reputation_summary()
     return {"error": f"unknown command {cmd['cmd']!r}"}
 
 
 def _timed_fetch(ex: RolloutExchange, peer: str, digest: str, size: int) -> dict[str, Any]:
     t0 = time.perf_counter()
-    coro = fetch_one(ex.membership.p2p, peer, ex.handler_name, digest, size, ex.cfg.chunk_bytes)
+    coro = fetch_one(ex.membership.p2p, peer, ex.handler_name, digest, size, ex.cfg.chunk_bytes, ex.cfg.pace)
     payload = ex.membership.run(coro, ex.cfg.fetch_timeout_s)
     t1 = time.perf_counter()
     open_batch(payload)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from protocol import Descriptor, SigningKey, payload_digest, seal_descriptor
+from protocol import Descriptor, SigningKey, payload_digest, seal_batch, seal_descriptor
 from protocol.messages import DESCRIPTOR_KIND
 from protocol.signing import seal
 from swarm.exchange import BatchRejection, ExchangeConfig, RolloutExchange, window_key
@@ -27,6 +28,8 @@ pytestmark = pytest.mark.network
 SWARM = "test-swarm"
 # the workers' bounds (tests/swarm/exchange_worker.py defaults: --fetch-timeout, --collect-timeout)
 FETCH_TIMEOUT_S, COLLECT_TIMEOUT_S = 5.0, 10.0
+# and the pace every publisher must keep (ExchangeConfig defaults)
+FIRST_BYTE_S, GRACE_S = ExchangeConfig().first_byte_timeout_s, ExchangeConfig().rate_grace_s
 
 
 def _publish_all(workers: list[WorkerProc], round_: int, **shape: Any) -> dict[str, dict[str, Any]]:
@@ -142,6 +145,8 @@ def test_tampered_payload_and_replayed_descriptor(
     res = swarm4[2].request(cmd="collect", since=since, limit=16)
     assert [mallory.peer_id, "digest mismatch", ""] in res["rejected"], res
     assert all(a[0] != mallory.peer_id for a in res["accepted"])
+    again = swarm4[2].request(cmd="collect", since=since, limit=16)  # the bad digest is remembered
+    assert all(p != mallory.peer_id for p, *_ in again["rejected"] + again["failed"]), again
     # replay: an old (but validly signed and unexpired) descriptor stored again is dropped by `since`
     old = Descriptor(mallory.peer_id, 6, "ab" * 32, 100, (), since - 100, since - 100 + 3500)
     key = window_key(SWARM, time.time(), mallory.cfg.window_s)
@@ -165,8 +170,123 @@ def _serve_tampered(ex: RolloutExchange, desc: Descriptor) -> None:
         await writer.drain()
         writer.close()
 
+    _swap_handler(ex, handler)
+
+
+Handler = Callable[[Any, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def _swap_handler(ex: RolloutExchange, handler: Handler) -> None:
+    """Serve ``ex``'s payloads with ``handler``, registered under the exchange's name as any outsider can."""
+
     async def swap() -> None:
         await ex.membership.p2p.remove_binary_stream_handler(ex.handler_name)
         await ex.membership.p2p.add_binary_stream_handler(ex.handler_name, handler)
 
     ex.membership.run(swap(), 10.0)
+
+
+def _dribbling(payload: bytes) -> Handler:
+    """Serves the genuine ``payload``, at 256 B/s: the whole of it would take minutes."""
+
+    async def handler(_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(64)
+        writer.write(HEADER.pack(MAGIC, STATUS_OK, len(payload)))
+        try:
+            for start in range(0, len(payload), 256):
+                writer.write(payload[start : start + 256])
+                await writer.drain()
+                await asyncio.sleep(1.0)
+        finally:
+            writer.close()
+
+    return handler
+
+
+async def _silent(_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Accepts the stream and the request, and never answers (until the fetcher hangs up)."""
+    await reader.read()
+    writer.close()
+
+
+@pytest.fixture
+def outsiders(swarm4: list[WorkerProc], tmp_path: Path) -> Iterator[list[RolloutExchange]]:
+    """Two in-process peers built from the public modules, as an outsider would; they serve badly when told."""
+    started: list[RolloutExchange] = []
+    try:
+        for name in ("slow", "silent"):
+            key = load_or_create(tmp_path / f"{name}.key")
+            cfg = MembershipConfig(swarm_id=SWARM, host="127.0.0.1", initial_peers=(swarm4[0].maddr,))
+            started.append(RolloutExchange(Membership(key, cfg).start()).start())
+        yield started
+    finally:
+        for ex in started:
+            ex.close()
+            ex.membership.shutdown()
+
+
+def test_slow_and_silent_publishers_cost_one_short_cut_then_nothing(
+    swarm4: list[WorkerProc], outsiders: list[RolloutExchange], batch_factory: Callable[..., Any]
+) -> None:
+    collector, honest_peers = swarm4[0], swarm4[1:3]
+    for w in honest_peers:  # earlier rounds went well with them (what the node reports after re-verifying)
+        collector.request(cmd="judge", peer=w.peer_id, accepted=2, informative=1, refused=0)
+    since = time.time() - 0.5
+    honest = _publish_all(honest_peers, round_=9)
+    slow, silent = outsiders
+    batch = batch_factory(slow.peer_id, 9, groups=4)  # ~2 KB: 8 s at 256 B/s, beyond the fetch timeout
+    payload = seal_batch(batch, slow.membership.identity.key)  # the same bytes publish() seals and announces
+    assert slow.publish(batch).payload_digest == payload_digest(payload)
+    _swap_handler(slow, _dribbling(payload))
+    silent.publish(batch_factory(silent.peer_id, 9))
+    _swap_handler(silent, _silent)
+    too_slow_before = collector.request(cmd="stats")["fetch_too_slow"]
+    first = collector.request(cmd="collect", since=since, limit=16)
+    assert {a[1] for a in first["accepted"]} == {r["digest"] for r in honest.values()}, first
+    reasons = dict(first["failed"])
+    assert set(reasons) == {slow.peer_id, silent.peer_id}, first
+    assert all(r.startswith("too slow") for r in reasons.values()), reasons
+    # both cut in parallel after about one first-byte timeout or grace period (1 s), not the 5 s fetch timeout
+    assert first["elapsed_s"] < max(FIRST_BYTE_S, GRACE_S) + 1.0, first
+    for _ in range(2):  # and never fetched again: no stream opened, nothing waited on
+        res = collector.request(cmd="collect", since=since, limit=16)
+        assert res["accepted"] == res["rejected"] == res["failed"] == [], res
+        assert res["elapsed_s"] < 0.5 * FIRST_BYTE_S, res
+    assert collector.request(cmd="stats")["fetch_too_slow"] - too_slow_before == 2
+
+
+def _flood(ex: RolloutExchange, keys: int, ahead_s: float) -> tuple[set[str], int]:
+    """One descriptor for each of ``keys`` fresh identities under the current window key, ``created``
+    ``ahead_s`` in the future; their peer ids and how many the DHT stored."""
+    dht, now = ex.membership.dht, time.time()
+    assert dht is not None
+    where = window_key(SWARM, now, ex.cfg.window_s)
+    ids, futures = set(), []
+    for i in range(keys):
+        key = SigningKey.generate()
+        desc = Descriptor(key.peer_id, 1, f"{i:064x}", 1000, ("arith",), now + ahead_s, now + ahead_s + 200)
+        ids.add(key.peer_id)
+        futures.append(
+            dht.store(where, seal_descriptor(desc, key), desc.expires, subkey=key.peer_id, return_future=True)
+        )
+    return ids, sum(bool(f.result(15)) for f in futures)
+
+
+def test_descriptor_flood_does_not_starve_honest_peers(mallory: RolloutExchange, swarm4: list[WorkerProc]) -> None:
+    collector, honest_peers = swarm4[1], [swarm4[0], swarm4[2], swarm4[3]]
+    for w in honest_peers:  # known from earlier rounds
+        collector.request(cmd="judge", peer=w.peer_id, accepted=2, informative=1, refused=0)
+    since = time.time() - 0.5
+    honest = {r["digest"] for r in _publish_all(honest_peers, round_=20).values()}
+    # as measured on main: fresh keys claiming to be newest, inside the protocol's 120 s skew (the workers'
+    # DHT validators let them in); and fresh keys with an honest-looking `created` but no peer behind them
+    ahead, stored_ahead = _flood(mallory, 60, ahead_s=100.0)
+    present, stored_present = _flood(mallory, 60, ahead_s=0.0)
+    first, second = (collector.request(cmd="collect", since=since, limit=8) for _ in range(2))
+    assert {a[1] for a in first["accepted"]} == honest, first  # every honest batch, on the first collect
+    assert {p for p, reason, _ in first["rejected"]} == ahead and len(first["rejected"]) == stored_ahead == 60
+    assert {reason for _, reason, _ in first["rejected"]} == {"future-dated descriptor"}, first
+    for res in (first, second):  # present-dated fresh keys: the exploration slots, no more
+        assert len(res["failed"]) <= 2 and {p for p, _ in res["failed"]} <= present, res
+        assert res["elapsed_s"] < ExchangeConfig().dial_timeout_s + 1.0, res
+    assert stored_present == 60
