@@ -2,7 +2,9 @@
 
 The DHT runs in hivemind's child process; this process gets a *replica* of
 its P2P client (same p2pd daemon, same peer id), used for payload streams and
-sync traffic, driven from a private :class:`LoopThread`.
+sync traffic, driven from a private :class:`LoopThread`. Right after the DHT
+starts, its storage and cache are replaced by byte-budgeted ones
+(:mod:`swarm.dht_storage`; bounds in :class:`MembershipConfig`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils.multiaddr import Multiaddr
 
+from swarm.dht_storage import StorageBudget, StorageStats, install_budgets, storage_stats
 from swarm.errors import BootstrapFailed, PortInUse
 from swarm.identity import Identity
 from swarm.loop import LoopThread
@@ -65,6 +68,51 @@ class MembershipConfig:
     bootstrap_backoff_s: float = field(default=1.0, metadata={"help": "First wait between tries; doubles each time."})
     startup_timeout_s: float = field(default=30.0, metadata={"help": "Bound on starting the DHT process."})
     shutdown_timeout_s: float = field(default=5.0, metadata={"help": "Bound on a clean shutdown."})
+    # DHT memory bounds (swarm.dht_storage). Sized from the protocol: a descriptor is <= 2 KiB
+    # (~0.75 KiB charged for a typical one, overhead included), lives 300 s in windows of 30 s, so
+    # about 11 window keys are alive at once; sync records are <= 1 KiB.
+    dht_key_bytes: int = field(
+        default=1024 * 1024,
+        metadata={
+            "help": "Most bytes one DHT key may hold here (~1,400 typical descriptors, ~430 of the largest); "
+            "keeps every key far below hivemind's 4 MiB message cap, above which nobody can read it."
+        },
+    )
+    dht_key_subkeys: int = field(default=2048, metadata={"help": "Most subkeys (publishers) one DHT key may hold."})
+    dht_storage_bytes: int = field(
+        default=32 * 1024 * 1024,
+        metadata={
+            "help": "Byte budget of the DHT records this node stores for the swarm (11 full window keys and "
+            "the sync keys take ~12 MiB); above it the records expiring soonest are evicted."
+        },
+    )
+    dht_cache_bytes: int = field(
+        default=8 * 1024 * 1024, metadata={"help": "Byte budget of this node's cache of DHT lookup results."}
+    )
+    dht_cache_keys: int = field(
+        default=512, metadata={"help": "Most keys in the DHT lookup cache (hivemind's cache_size)."}
+    )
+
+    def storage_budget(self) -> StorageBudget:
+        """Bounds of the records this node stores for the swarm."""
+        return StorageBudget(self.dht_storage_bytes, self.dht_key_bytes, self.dht_key_subkeys)
+
+    def cache_budget(self) -> StorageBudget:
+        """Bounds of this node's lookup cache."""
+        return StorageBudget(self.dht_cache_bytes, self.dht_key_bytes, self.dht_key_subkeys, self.dht_cache_keys)
+
+    def _check_dht_bounds(self) -> None:
+        if not 8192 <= self.dht_key_bytes <= 3 * 1024 * 1024:
+            raise ValueError(
+                f"dht_key_bytes={self.dht_key_bytes}; use 8192..3145728 (a key above hivemind's 4 MiB "
+                "message cap cannot be read back), e.g. 1048576"
+            )
+        for name in ("dht_storage_bytes", "dht_cache_bytes"):
+            if getattr(self, name) < self.dht_key_bytes:
+                raise ValueError(f"{name}={getattr(self, name)} < dht_key_bytes={self.dht_key_bytes}; raise {name}")
+        for name in ("dht_key_subkeys", "dht_cache_keys"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}; use at least 1")
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -73,6 +121,7 @@ class MembershipConfig:
             raise ValueError(f"swarm id {self.swarm_id!r} must be non-empty without '/' or ':'")
         if self.bootstrap_attempts < 1:
             raise ValueError(f"bootstrap_attempts={self.bootstrap_attempts}; use at least 1")
+        self._check_dht_bounds()
         for m in self.initial_peers:
             parse_peer_multiaddr(m)
         for m in self.announce:
@@ -129,7 +178,9 @@ class Membership:
         delay = self.cfg.bootstrap_backoff_s
         for attempt in range(1, self.cfg.bootstrap_attempts + 1):
             try:
-                self.dht = self._start_dht()
+                dht = self._start_dht()
+                self._install_budgets(dht)
+                self.dht = dht
                 break
             except (P2PDaemonError, RuntimeError) as e:
                 cause = classify_start_error(str(e))
@@ -171,7 +222,22 @@ class Membership:
             kwargs["client_mode"] = True
         kwargs["use_relay"] = self.cfg.use_relay
         kwargs["use_auto_relay"] = self.cfg.use_auto_relay
+        kwargs["cache_size"] = self.cfg.dht_cache_keys  # hivemind's default cache is unbounded
         return hivemind.DHT(start=True, record_validators=self._validators, **kwargs)
+
+    def _install_budgets(self, dht: hivemind.DHT) -> None:
+        """Budget the new DHT's storage and cache; a DHT left unbounded is shut down, not used."""
+        try:
+            install_budgets(dht, self.cfg.storage_budget(), self.cfg.cache_budget(), self.cfg.startup_timeout_s)
+        except BaseException:
+            dht.shutdown()
+            raise
+
+    def dht_storage_stats(self) -> dict[str, StorageStats]:
+        """Ledger snapshots of the DHT process's budgeted ``storage`` and ``cache``."""
+        if self.dht is None:
+            raise RuntimeError("membership is not started")
+        return storage_stats(self.dht, self.cfg.startup_timeout_s)
 
     @property
     def p2p(self) -> P2P:

@@ -1,36 +1,191 @@
-"""A DHT record validator for our signed envelopes, bound to the record's subkey.
+"""The DHT record validator of a swarm: only our signed records, under the keys and lifetimes they name.
 
 hivemind calls ``validate`` in the DHT process whenever a peer asks it to store
-a record and whenever a peer's answer to a lookup is received. A record whose
-value is one of *our* envelopes (of a registered kind) must open cleanly
-(schema and Ed25519 signature) and must be stored under the subkey of the peer
-that signed it, so no peer can overwrite or forge another peer's entry. Values
-that are not our envelopes are left to other validators (return True); readers
-re-verify everything they take from the DHT anyway.
+a record and whenever a lookup answer arrives (a dictionary answer is dropped
+whole if one entry fails). The rules, in the order they are checked:
 
-Every node of a swarm must run the same validators (docs/ARCHITECTURE.md, "Validators").
+1. The value is at most the largest registered kind's size (checked before
+   any decoding) and is one of *our* signed envelopes of a registered kind.
+   Anything else is refused: in an open swarm a permissive validator lets any
+   peer park arbitrary bytes for days in every node's memory (issue 11: 40 x
+   1.9 MB under foreign keys grew each honest process by 66-101 MB).
+2. It sits under a subkey (regular values are refused), and the subkey is the
+   peer that signed it; schema and Ed25519 signature hold.
+3. Its key is the one its content names: a descriptor's window key
+   (:func:`swarm.exchange.window_key` of its ``created``), a sync record's
+   join / vote / state key. A genuine record cannot be replayed under another
+   window, revision or group.
+4. Its DHT expiration is bound to the signed record: a descriptor's to its
+   ``expires``, a sync record's to ``created`` plus the lifetime
+   :mod:`swarm.sync.dhtio` gives its kind (:func:`sync_record_ttls`). hivemind
+   keeps, per key and subkey, the value with the latest expiration, so a replay
+   with a long expiration used to displace its owner's newer records (issue 11:
+   62 of 70 later publishes refused). Expiration now grows with ``created``, so
+   an older record can never outlive a newer one of the same signer and kind.
+5. ``created`` is at most :data:`protocol.limits.MAX_CLOCK_SKEW_S` ahead of
+   this node's clock.
+
+Every refusal is counted by :class:`RecordRefusal` on the validator (read it
+with :func:`refusal_counts`) and logged at DEBUG. Every node of a swarm must
+run the same rules (docs/ARCHITECTURE.md, "Validators"): swarm id, window width
+and sync timeouts are swarm-wide settings, like the swarm id itself.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
 
+import hivemind
+from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.utils.timed_storage import get_dht_time
 
 from protocol import codec, limits
 from protocol.errors import MessageRejected
 from protocol.messages import DESCRIPTOR_KIND
 from protocol.schema import Descriptor
 from protocol.signing import open_envelope
+from swarm.exchange import window_key
+from swarm.sync.config import COMPRESSIONS, OuterSyncConfig
+from swarm.sync.records import (
+    JOIN_KIND,
+    KINDS,
+    MAX_RECORD_BYTES,
+    STATE_KIND,
+    VOTE_KIND,
+    JoinRecord,
+    StateRecord,
+    VoteRecord,
+    join_key,
+    state_key,
+    vote_key,
+)
 
 logger = logging.getLogger(__name__)
 
 Parse = Callable[[Any], Any]
 Signer = Callable[[Any], str]
 
-_MAX_DHT_VALUE_BYTES = 4 * 1024 * 1024  # hivemind's message cap (docs/ARCHITECTURE.md, "Message cap")
+_ENVELOPE_OVERHEAD = 16  # hivemind msgpack-wraps the envelope bytes (bin32 header); 16 bytes cover it
+DESCRIPTOR_EXPIRY_SLACK_S = 0.0
+"""swarm.exchange stores a descriptor with exactly ``desc.expires`` as its DHT expiration (a float
+that travels as a protobuf double and a msgpack float64, bit for bit), so no slack is needed; any
+slack would let a replay of a descriptor published that much earlier block the newer one."""
+SYNC_EXPIRY_SLACK_S = 1.0
+"""swarm.sync.dhtio stamps ``created`` from its clock, then signs, then reads ``get_dht_time()`` for
+the expiration: microseconds apart unless the thread is descheduled. One second covers a stalled
+thread; a replay can block a record of the same kind and key published less than this after it."""
+
+
+class RecordRefusal(StrEnum):
+    """Why a DHT record was refused; the values are the labels counted and logged."""
+
+    OVERSIZED = "value larger than any record kind"
+    NOT_OURS = "not a signed envelope of a registered kind"
+    NO_SUBKEY = "regular value (records must sit under their signer's subkey)"
+    BAD_RECORD = "bad schema or signature"
+    WRONG_SUBKEY = "stored under another peer's subkey"
+    WRONG_KEY = "stored under a key its content does not name"
+    OUTLIVES_SIGNATURE = "DHT expiration beyond the signed lifetime"
+    FROM_THE_FUTURE = "created too far in the future"
+
+
+def dht_key(key: str) -> bytes:
+    """The bytes hivemind passes to validators as ``DHTRecord.key`` for a store under ``key``."""
+    return bytes(DHTID.generate(source=key).to_bytes())
+
+
+class Binding(Protocol):
+    """Checks that a signed record may sit under ``key`` until ``expiration`` (at time ``now``)."""
+
+    def check(self, record: Any, key: bytes, expiration: float, now: float) -> RecordRefusal | None: ...
+
+
+def _from_the_future(created: float, now: float) -> bool:
+    return created > now + limits.MAX_CLOCK_SKEW_S
+
+
+@dataclass(frozen=True)
+class DescriptorBinding:
+    """A descriptor lives under its ``created`` window's key until at most its signed ``expires``.
+
+    ``swarm_id=None`` skips the key check (exchange-only test harnesses that do
+    not know the swarm's window); a node always passes both.
+    """
+
+    swarm_id: str | None
+    window_s: float
+    slack_s: float = DESCRIPTOR_EXPIRY_SLACK_S
+
+    def check(self, record: Any, key: bytes, expiration: float, now: float) -> RecordRefusal | None:
+        desc: Descriptor = record
+        if _from_the_future(desc.created, now):
+            return RecordRefusal.FROM_THE_FUTURE
+        if expiration > desc.expires + self.slack_s:
+            return RecordRefusal.OUTLIVES_SIGNATURE
+        if self.swarm_id is not None and key != dht_key(window_key(self.swarm_id, desc.created, self.window_s)):
+            return RecordRefusal.WRONG_KEY
+        return None
+
+
+def sync_record_keys(swarm_id: str, record: Any) -> tuple[str, ...]:
+    """The DHT keys a sync record may sit under (a join record does not name its wire encoding: any of them)."""
+    if isinstance(record, JoinRecord):
+        r = record
+        return tuple(join_key(swarm_id, r.fingerprint, r.revision, r.state_hash, c) for c in COMPRESSIONS)
+    if isinstance(record, VoteRecord):
+        return (vote_key(swarm_id, record.fingerprint, record.group_id),)
+    if isinstance(record, StateRecord):
+        return (state_key(swarm_id, record.fingerprint),)
+    return ()
+
+
+def sync_record_ttls(cfg: OuterSyncConfig) -> dict[str, float]:
+    """The DHT lifetime :mod:`swarm.sync.dhtio` gives each record kind under ``cfg``.
+
+    Mirrors ``SyncRecords.publish_state``, ``_join`` and ``vote``;
+    tests/swarm/test_validation.py stores through dhtio itself, so a change there fails it.
+    """
+    return {
+        STATE_KIND: cfg.record_ttl_s,
+        JOIN_KIND: cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s + 30.0,
+        VOTE_KIND: cfg.allreduce_timeout_s + cfg.commit_timeout_s + 30.0,
+    }
+
+
+@dataclass(frozen=True)
+class SyncRecordBinding:
+    """A sync record lives under its own join / vote / state key until at most ``created + ttl_s``."""
+
+    swarm_id: str
+    ttl_s: float
+    slack_s: float = SYNC_EXPIRY_SLACK_S
+
+    def check(self, record: Any, key: bytes, expiration: float, now: float) -> RecordRefusal | None:
+        created = float(record.created)
+        if _from_the_future(created, now):
+            return RecordRefusal.FROM_THE_FUTURE
+        if expiration > created + self.ttl_s + self.slack_s:
+            return RecordRefusal.OUTLIVES_SIGNATURE
+        if key not in {dht_key(k) for k in sync_record_keys(self.swarm_id, record)}:
+            return RecordRefusal.WRONG_KEY
+        return None
+
+
+@dataclass(frozen=True)
+class KindRule:
+    """How to open one envelope kind (as :func:`protocol.signing.open_envelope` takes it) and bind it."""
+
+    parse: Parse
+    signer: Signer
+    max_bytes: int
+    binding: Binding
 
 
 def _descriptor_signer(desc: Descriptor) -> str:
@@ -38,65 +193,90 @@ def _descriptor_signer(desc: Descriptor) -> str:
 
 
 class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind is not type-checked: Any
-    """Validates DHT records whose value is a signed envelope of a registered kind.
+    """Accepts only signed envelopes of the registered kinds, bound to their key, subkey and lifetime.
 
-    ``kinds`` maps an envelope kind to ``(parse, signer)`` as
-    :func:`protocol.signing.open_envelope` takes them; ``max_bytes`` caps the
-    envelope size of every registered kind.
+    ``rules`` maps an envelope kind to its :class:`KindRule`; ``clock`` gives
+    the time the future check uses (hivemind's DHT time by default).
+    ``refused`` counts refusals by reason and ``accepted`` the records let through.
     """
 
-    def __init__(self, kinds: Mapping[str, tuple[Parse, Signer]], max_bytes: int = limits.MAX_DESCRIPTOR_BYTES) -> None:
-        if not kinds:
+    def __init__(self, rules: Mapping[str, KindRule], clock: Callable[[], float] = get_dht_time) -> None:
+        if not rules:
             raise ValueError("SignedRecordValidator needs at least one kind, e.g. rollout_validator()")
-        self.kinds = dict(kinds)
-        self.max_bytes = max_bytes
+        self.rules = dict(rules)
+        self.clock = clock
+        self.refused: Counter[RecordRefusal] = Counter()
+        self.accepted = 0
+
+    @property
+    def max_value_bytes(self) -> int:
+        return max(rule.max_bytes for rule in self.rules.values()) + _ENVELOPE_OVERHEAD
 
     def validate(self, record: DHTRecord) -> bool:
-        envelope = _our_envelope(record.value, self.kinds)
-        if envelope is None:
-            return True  # not ours: other validators decide
-        data, kind = envelope
-        parse, signer = self.kinds[kind]
         try:
-            signed_by = signer(open_envelope(data, kind, self.max_bytes, parse, signer))
-        except MessageRejected as e:
-            logger.debug("rejected DHT record of kind %s: %s", kind, e.reason)
-            return False
+            reason = self._refusal(record)
+        except Exception as e:  # a peer's bytes must never break the DHT's RPC handler: refuse and say so
+            logger.warning("DHT record check failed (%s: %s); refused", type(e).__name__, e)
+            reason = RecordRefusal.BAD_RECORD
+        if reason is None:
+            self.accepted += 1
+            return True
+        self.refused[reason] += 1
+        logger.debug("refused DHT record (%d bytes): %s", len(record.value), reason.value)
+        return False
+
+    def _refusal(self, record: DHTRecord) -> RecordRefusal | None:
+        if len(record.value) > self.max_value_bytes:
+            return RecordRefusal.OVERSIZED
+        envelope = _our_envelope(record.value, self.rules)
+        if envelope is None:
+            return RecordRefusal.NOT_OURS
         subkey = _decode_subkey(record.subkey)
-        if subkey != signed_by:
-            logger.debug(
-                "rejected DHT record of kind %s: stored under subkey %r, signed by %s",
-                kind,
-                subkey,
-                signed_by[-6:],
-            )
-            return False
-        return True
+        if subkey is None:
+            return RecordRefusal.NO_SUBKEY
+        data, kind = envelope
+        rule = self.rules[kind]
+        try:
+            opened = open_envelope(data, kind, rule.max_bytes, rule.parse, rule.signer)
+        except MessageRejected as e:
+            logger.debug("DHT record of kind %s does not open: %s", kind, e.reason)
+            return RecordRefusal.BAD_RECORD
+        if rule.signer(opened) != subkey:
+            return RecordRefusal.WRONG_SUBKEY
+        expiration = float(record.expiration_time)
+        if not math.isfinite(expiration):
+            return RecordRefusal.OUTLIVES_SIGNATURE
+        return rule.binding.check(opened, bytes(record.key), expiration, self.clock())
 
     def merge_with(self, other: RecordValidatorBase) -> bool:
-        """Merge another instance by taking the union of kinds (a record must pass both)."""
-        if not isinstance(other, SignedRecordValidator) or other.max_bytes != self.max_bytes:
+        """Absorb another instance by taking the union of kinds.
+
+        A strict validator refuses every kind it does not know, so two of them
+        applied one after the other would refuse each other's records: they
+        must merge. Kinds both know must have equal rules, else nothing merges
+        (both then apply, which only ever refuses more). ``other`` is left unchanged.
+        """
+        if not isinstance(other, SignedRecordValidator):
             return False
-        for kind, spec in other.kinds.items():
-            if kind in self.kinds and self.kinds[kind] != spec:
-                return False
-        self.kinds.update(other.kinds)
+        if any(kind in self.rules and self.rules[kind] != rule for kind, rule in other.rules.items()):
+            return False
+        self.rules.update(other.rules)
         return True
 
 
-def _our_envelope(value: bytes, kinds: Mapping[str, Any]) -> tuple[bytes, str] | None:
+def _our_envelope(value: bytes, rules: Mapping[str, Any]) -> tuple[bytes, str] | None:
     """(envelope bytes, kind) if ``value`` is a serialized envelope of a registered kind."""
     try:
-        data = codec.unpack(value, _MAX_DHT_VALUE_BYTES)  # hivemind msgpack-serializes values
+        data = codec.unpack(value, len(value))  # hivemind msgpack-serializes values; size checked by the caller
         if not isinstance(data, bytes):
             return None
-        env = codec.unpack(data, _MAX_DHT_VALUE_BYTES)
+        env = codec.unpack(data, len(data))
     except MessageRejected:
         return None
     if not isinstance(env, dict) or set(env) != {"kind", "body", "sig"}:
         return None
     kind = env["kind"]
-    if not isinstance(kind, str) or kind not in kinds:
+    if not isinstance(kind, str) or kind not in rules:
         return None
     return data, kind
 
@@ -110,6 +290,56 @@ def _decode_subkey(subkey: bytes) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def rollout_validator() -> SignedRecordValidator:
-    """The validator for rollout descriptors (every node must register it)."""
-    return SignedRecordValidator({DESCRIPTOR_KIND: (Descriptor.from_wire, _descriptor_signer)})
+def rollout_validator(swarm_id: str | None = None, window_s: float = 30.0) -> SignedRecordValidator:
+    """The validator for rollout descriptors of the swarm ``swarm_id`` with windows of ``window_s``.
+
+    Without ``swarm_id`` the window key is not checked (the other rules are);
+    nodes use :func:`swarm_record_validator`, which always checks it.
+    """
+    if not window_s > 0:
+        raise ValueError(f"window_s={window_s!r}; use the swarm's ExchangeConfig.window_s (> 0)")
+    binding = DescriptorBinding(swarm_id, window_s)
+    rule = KindRule(Descriptor.from_wire, _descriptor_signer, limits.MAX_DESCRIPTOR_BYTES, binding)
+    return SignedRecordValidator({DESCRIPTOR_KIND: rule})
+
+
+def sync_validator(swarm_id: str, cfg: OuterSyncConfig) -> SignedRecordValidator:
+    """The validator for outer-sync join, vote and state records under ``cfg``'s lifetimes."""
+    ttls = sync_record_ttls(cfg)
+    rules = {
+        kind: KindRule(parse, signer, MAX_RECORD_BYTES, SyncRecordBinding(swarm_id, ttls[kind]))
+        for kind, (parse, signer) in KINDS.items()
+    }
+    return SignedRecordValidator(rules)
+
+
+def swarm_record_validator(swarm_id: str, window_s: float, sync: OuterSyncConfig) -> SignedRecordValidator:
+    """Every record kind a node stores: rollout descriptors and outer-sync records, all bound."""
+    rules = {**rollout_validator(swarm_id, window_s).rules, **sync_validator(swarm_id, sync).rules}
+    return SignedRecordValidator(rules)
+
+
+@dataclass(frozen=True)
+class RefusalCounts:
+    """What the validators in one DHT process let through and refused (by :class:`RecordRefusal` value)."""
+
+    accepted: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+
+
+async def _count_in_dht(_dht: Any, node: Any) -> RefusalCounts:
+    found = node.protocol.record_validator
+    # hivemind wraps the registered validators in a CompositeValidator (its list is private)
+    validators = getattr(found, "_validators", [found])
+    ours = [v for v in validators if isinstance(v, SignedRecordValidator)]
+    refused: Counter[str] = Counter()
+    for v in ours:
+        refused.update({reason.value: n for reason, n in v.refused.items()})
+    return RefusalCounts(sum(v.accepted for v in ours), dict(refused))
+
+
+def refusal_counts(dht: hivemind.DHT, timeout: float) -> RefusalCounts:
+    """The counts of the :class:`SignedRecordValidator` running in ``dht``'s process."""
+    future = dht.run_coroutine(_count_in_dht, return_future=True)
+    counts: RefusalCounts = future.result(timeout=timeout)
+    return counts

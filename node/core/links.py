@@ -20,8 +20,8 @@ from protocol import RolloutBatch
 from swarm.exchange import CollectResult, RolloutExchange
 from swarm.identity import Identity
 from swarm.membership import Membership
-from swarm.sync import RECORD_KINDS, OuterSync, SyncReport
-from swarm.validation import SignedRecordValidator, rollout_validator
+from swarm.sync import OuterSync, OuterSyncConfig, SyncReport
+from swarm.validation import SignedRecordValidator, swarm_record_validator
 
 
 class Exchange(Protocol):
@@ -34,6 +34,14 @@ class Exchange(Protocol):
     def collect(self, since: float, limit: int) -> CollectResult: ...
 
     def stats(self) -> dict[str, int]: ...
+
+    def judge(self, publisher: str, *, accepted: int, informative: int, refused: int) -> None:
+        """Feedback after re-verifying ``publisher``'s groups this round (see ``PublisherTally``)."""
+        ...
+
+    def reputation_summary(self) -> dict[str, Any]:
+        """JSON-able: ``tracked``, ``banned``, ``bans_by_reason``."""
+        ...
 
     def close(self) -> None: ...
 
@@ -65,14 +73,20 @@ LinksFactory = Callable[[Identity, NodeParts, torch.nn.Module, Callable[[], floa
 """(identity, configs, model, clock) -> the started collaborators."""
 
 
-def swarm_validator() -> SignedRecordValidator:
-    """One DHT validator for every signed record kind a node stores (all nodes must agree)."""
-    return SignedRecordValidator({**rollout_validator().kinds, **RECORD_KINDS})
+def swarm_validator(parts: NodeParts) -> SignedRecordValidator:
+    """One DHT validator for every signed record kind a node stores (all nodes must agree).
+
+    It binds records to the swarm id, the exchange's window width and the outer
+    sync's record lifetimes (the defaults' when this node does not sync): swarm-wide
+    settings, so every node of a swarm refuses and accepts the same records.
+    """
+    sync = parts.sync if parts.sync is not None else OuterSyncConfig()
+    return swarm_record_validator(parts.membership.swarm_id, parts.exchange.window_s, sync)
 
 
 def hivemind_links(identity: Identity, parts: NodeParts, model: torch.nn.Module, clock: Callable[[], float]) -> Links:
     """Join the swarm: membership (bounded bootstrap), the rollout exchange and, if configured, the outer sync."""
-    membership = Membership(identity, parts.membership, [swarm_validator()]).start()
+    membership = Membership(identity, parts.membership, [swarm_validator(parts)]).start()
     try:
         exchange = RolloutExchange(membership, parts.exchange, clock=clock)
         exchange.start()

@@ -1,30 +1,49 @@
-"""Membership on real hivemind processes (127.0.0.1 only)."""
+"""Membership on real hivemind processes (127.0.0.1 only), its config, and the budgeted DHT storage it installs.
+
+The storage tests are pure: hivemind's DHT clock is faked, expirations are explicit.
+"""
 
 from __future__ import annotations
 
+import random
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hivemind.dht.routing import DHTID
+from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 
+from swarm.dht_storage import (
+    KEY_OVERHEAD_BYTES,
+    REGULAR,
+    BudgetedStorage,
+    StorageBudget,
+    StorageEvent,
+    _carry_over,
+    entry_bytes,
+)
 from swarm.errors import BootstrapFailed, PortInUse
 from swarm.identity import load_or_create
 from swarm.membership import Membership, MembershipConfig, parse_peer_multiaddr
 
-pytestmark = pytest.mark.network
+network = pytest.mark.network
 
 
 def cfg(**kw: Any) -> MembershipConfig:
     return MembershipConfig(host="127.0.0.1", bootstrap_attempts=2, bootstrap_backoff_s=0.1, **kw)
 
 
+@network
 def test_join_uses_our_identity_and_shuts_down_in_bounded_time(tmp_path: Path) -> None:
     a_id, b_id = load_or_create(tmp_path / "a.key"), load_or_create(tmp_path / "b.key")
-    with Membership(a_id, cfg()) as a:
+    with Membership(a_id, cfg(dht_storage_bytes=2 * 1024 * 1024)) as a:
         addrs = a.visible_multiaddrs()
         assert addrs and all(a_id.peer_id in m for m in addrs)
+        stats = a.dht_storage_stats()  # the budgeted storage and cache run in the DHT process
+        assert set(stats) == {"storage", "cache"} and stats["storage"].used_bytes == 0
         b = Membership(b_id, cfg(initial_peers=tuple(addrs))).start()
         try:
             assert b.dht is not None and b.dht.peer_id.to_base58() == b_id.peer_id
@@ -36,6 +55,7 @@ def test_join_uses_our_identity_and_shuts_down_in_bounded_time(tmp_path: Path) -
         assert b.dht is None
 
 
+@network
 def test_unreachable_initial_peer_fails_with_a_plain_message(tmp_path: Path) -> None:
     ghost = load_or_create(tmp_path / "ghost.key").peer_id
     m = Membership(load_or_create(tmp_path / "a.key"), cfg(initial_peers=(f"/ip4/127.0.0.1/tcp/1/p2p/{ghost}",)))
@@ -48,6 +68,7 @@ def test_unreachable_initial_peer_fails_with_a_plain_message(tmp_path: Path) -> 
     assert time.monotonic() - t0 < c.bootstrap_attempts * c.startup_timeout_s + backoff
 
 
+@network
 def test_port_in_use_is_named(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -65,3 +86,158 @@ def test_multiaddr_validation() -> None:
         parse_peer_multiaddr("/ip4/127.0.0.1/tcp/5")
     with pytest.raises(ValueError, match="port 70000"):
         MembershipConfig(port=70000)
+
+
+def test_dht_bounds_are_validated_and_name_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"dht_key_bytes=5000000; use 8192\.\.3145728"):
+        MembershipConfig(dht_key_bytes=5_000_000)
+    with pytest.raises(ValueError, match="raise dht_storage_bytes"):
+        MembershipConfig(dht_storage_bytes=1024)
+    with pytest.raises(ValueError, match="dht_cache_keys=0; use at least 1"):
+        MembershipConfig(dht_cache_keys=0)
+    budget = MembershipConfig().cache_budget()
+    assert budget.max_keys == 512 and budget.key_bytes == 1024 * 1024
+
+
+# ---- the budgeted storage (pure: fake DHT clock, explicit expirations) ----------------------------
+
+T0 = 1_000_000.0
+
+
+@pytest.fixture
+def now(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    """hivemind's DHT clock (used by its storages and by ours), set by the test."""
+    t = [T0]
+    monkeypatch.setattr("hivemind.utils.timed_storage.get_dht_time", lambda: t[0])
+    yield t
+
+
+def _key(i: int | str) -> Any:
+    return DHTID.generate(source=f"key-{i}")
+
+
+def _peer(i: int) -> str:
+    return f"12D3KooW{i:044d}"
+
+
+def held_bytes(storage: DHTLocalStorage) -> int:
+    """Bytes charged for what ``storage`` actually holds, computed from hivemind's containers."""
+    total = 0
+    for _, item in storage.items():
+        if isinstance(item.value, DictionaryDHTValue):
+            total += KEY_OVERHEAD_BYTES + sum(entry_bytes(s, v) for s, (v, _) in item.value.items())
+        else:
+            total += KEY_OVERHEAD_BYTES + entry_bytes(REGULAR, item.value)
+    return total
+
+
+def _budget(**kw: Any) -> StorageBudget:
+    return StorageBudget(**{"total_bytes": 64 * 1024, "key_bytes": 16 * 1024, "key_subkeys": 1000, **kw})
+
+
+def test_total_budget_evicts_soonest_expiring_and_stays_bounded(now: list[float]) -> None:
+    s, plain = BudgetedStorage(_budget()), DHTLocalStorage()
+    for i in range(200):  # 200 keys x ~1.4 KiB charged, far more than 64 KiB; expirations shuffled
+        exp = T0 + 100 + (i * 37) % 200
+        before = {k: item.expiration_time for k, item in s.items()}
+        for storage in (s, plain):
+            assert storage.store_subkey(_key(i), _peer(i), bytes(1000), exp)
+        after = {k: item.expiration_time for k, item in s.items()}
+        evicted = [e for k, e in before.items() if k not in after]
+        others = [e for k, e in after.items() if k != _key(i)]  # the entry just stored is never the victim
+        assert not evicted or max(evicted) <= min(others), i
+    assert s.used_bytes <= 64 * 1024 and s.used_bytes == held_bytes(s)
+    assert held_bytes(plain) > 4 * 64 * 1024  # hivemind's own storage keeps everything
+    assert s.events[StorageEvent.EVICTED_BUDGET] == 200 - len(list(s.items())) > 100
+
+
+def test_a_key_stays_under_its_byte_and_subkey_caps(now: list[float]) -> None:
+    s = BudgetedStorage(_budget(key_subkeys=8))
+    for i in range(20):
+        assert s.store_subkey(_key("window"), _peer(i), bytes(100), T0 + 100 + i)
+    entries = dict(s.get(_key("window")).value.items())
+    assert sorted(entries) == [_peer(i) for i in range(12, 20)]  # the 8 expiring last; the newest always kept
+    assert s.events[StorageEvent.EVICTED_KEY_FULL] == 12
+    for i in range(20, 40):  # larger values: now the byte cap binds first
+        assert s.store_subkey(_key("window"), _peer(i), bytes(3000), T0 + 100 + i)
+    assert s.used_bytes <= 16 * 1024 and s.used_bytes == held_bytes(s)
+
+
+def test_a_value_that_cannot_fit_a_key_is_refused(now: list[float]) -> None:
+    s = BudgetedStorage(_budget())
+    assert not s.store_subkey(_key(1), _peer(1), bytes(1_900_000), T0 + 864_000)
+    assert not s.store(_key(2), bytes(20_000), T0 + 60)
+    assert s.events[StorageEvent.REFUSED_TOO_BIG] == 2 and s.used_bytes == 0 and not list(s.items())
+
+
+def test_an_older_replay_is_refused_and_cannot_make_the_newer_value_vanish(now: list[float]) -> None:
+    s, key = BudgetedStorage(_budget()), _key("window")
+    assert s.store_subkey(key, _peer(1), b"newer record", T0 + 300)
+    assert not s.store_subkey(key, _peer(1), b"same expiration", T0 + 300)
+    assert not s.store_subkey(key, _peer(1), b"older record, replayed", T0 + 10)
+    assert s.events[StorageEvent.REFUSED_NOT_NEWER] == 2
+    now[0] = T0 + 20  # past the replay's expiration: hivemind's TimedStorage would now drop the newer value
+    held = s.get(key).value.get(_peer(1))
+    assert held is not None and held.value == b"newer record"
+    assert s.store_subkey(key, _peer(1), b"newest record", T0 + 301)
+    assert s.get(key).value.get(_peer(1)).value == b"newest record" and s.used_bytes == held_bytes(s)
+
+
+def test_expired_entries_leave_the_ledger_and_memory(now: list[float]) -> None:
+    s = BudgetedStorage(_budget())
+    for i in range(10):
+        s.store_subkey(_key(i % 3), _peer(i), bytes(500), T0 + 10 * (i + 1))
+    s.purge_expired(T0 + 55)  # the first five expired
+    assert s.entries == 5 and s.used_bytes == held_bytes(s)
+    assert sum(len(item.value.data) for _, item in s.data.items()) == 5  # deleted, not just hidden
+    s.purge_expired(T0 + 1000)
+    assert s.used_bytes == 0 and s.entries == 0 and not s.data
+
+
+def test_cache_holds_at_most_max_keys_and_whole_dictionaries_are_charged(now: list[float]) -> None:
+    cache = BudgetedStorage(_budget(max_keys=3))
+    for i in range(5):
+        found = DictionaryDHTValue()
+        for j in range(3):
+            found.store(_peer(j), bytes(200), T0 + 100 + i)
+        assert cache.store(_key(i), found, T0 + 100 + i)  # how hivemind caches a lookup result
+    assert sorted(int(k) for k in cache.data) == sorted(int(_key(i)) for i in (2, 3, 4))
+    assert cache.events[StorageEvent.EVICTED_KEY_COUNT] == 6 and cache.entries == 9  # entries, 3 per key
+    assert cache.used_bytes == held_bytes(cache)
+    cache.store_subkey(_key(4), _peer(9), bytes(200), T0 + 500)  # an own store updates a cached dictionary
+    assert cache.entries == 10 and cache.used_bytes == held_bytes(cache)
+
+
+def test_ledger_matches_what_is_held_under_random_operations(now: list[float]) -> None:
+    rng = random.Random(7)
+    s = BudgetedStorage(_budget(total_bytes=40 * 1024, key_subkeys=6))
+    for step in range(3000):
+        now[0] = T0 + step * 0.1
+        key, exp = _key(rng.randrange(8)), now[0] + rng.uniform(-1, 30)
+        if rng.random() < 0.1:
+            s.store(key, bytes(rng.randrange(1, 4000)), exp)  # a regular value replaces a dictionary
+        else:
+            s.store_subkey(key, _peer(rng.randrange(12)), bytes(rng.randrange(1, 4000)), exp)
+        s.purge_expired(now[0])
+        assert s.used_bytes == held_bytes(s) <= 40 * 1024, step
+    assert len(s._heap) <= 2 * s.entries + 1024  # replaced entries do not pile up in the heap
+
+
+def test_install_carries_over_what_the_dht_stored_before(now: list[float]) -> None:
+    plain = DHTLocalStorage()
+    plain.store_subkey(_key(1), _peer(1), b"a", T0 + 50)
+    plain.store_subkey(_key(1), _peer(2), b"b", T0 + 60)
+    plain.store(_key(2), b"regular", T0 + 70)
+    budgeted = _carry_over(plain, BudgetedStorage(_budget()))
+    assert dict(budgeted.get(_key(1)).value.items()) == dict(plain.get(_key(1)).value.items())
+    assert budgeted.get(_key(2)).value == b"regular" and budgeted.used_bytes == held_bytes(budgeted)
+
+
+def test_a_lookup_merging_into_what_get_returned_cannot_write_around_the_budget(now: list[float]) -> None:
+    """hivemind's lookup merges other nodes' answers into the dictionary it got from local storage."""
+    s = BudgetedStorage(_budget())
+    s.store_subkey(_key(1), _peer(1), b"held", T0 + 50)
+    found = s.get(_key(1))
+    found.value.store(_peer(2), bytes(5000), T0 + 60)  # what _SearchState.add_candidate does
+    assert _peer(2) not in s.data[_key(1)].value.data and s.used_bytes == held_bytes(s)
+    assert s.get(_key(1)).value.get(_peer(1)).value == b"held"

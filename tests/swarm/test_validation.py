@@ -1,74 +1,268 @@
-"""SignedRecordValidator on constructed DHT records (no network)."""
+"""SignedRecordValidator on constructed DHT records and on records stored by the real publishing code (no network)."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
+from types import SimpleNamespace
+from typing import Any, cast
 
+import pytest
 from hivemind.dht.protocol import DHTProtocol
-from hivemind.dht.validation import DHTRecord
+from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import MSGPackSerializer
 
-from protocol import Descriptor, SigningKey, seal_descriptor
+from protocol import Descriptor, SigningKey, codec, limits, seal_descriptor
 from protocol.messages import DESCRIPTOR_KIND, ROLLOUT_BATCH_KIND
 from protocol.signing import seal
-from swarm.validation import SignedRecordValidator, rollout_validator
+from swarm.exchange import ExchangeConfig, RolloutExchange, window_key
+from swarm.membership import Membership, MembershipConfig
+from swarm.sync import OuterSyncConfig
+from swarm.sync.allreduce import RoundPlan
+from swarm.sync.dhtio import SyncRecords
+from swarm.sync.records import STATE_KIND, VOTE_KIND, StateRecord, state_key, vote_key
+from swarm.validation import (
+    RecordRefusal,
+    SignedRecordValidator,
+    dht_key,
+    rollout_validator,
+    swarm_record_validator,
+    sync_validator,
+)
+from tests.swarm.exchange_worker import make_batch
 
 ALICE, MALLORY = SigningKey(b"a" * 32), SigningKey(b"m" * 32)
+SWARM, WINDOW, NOW = "test-swarm", 30.0, 1_700_000_000.0
+SYNC = OuterSyncConfig()
 
 
-def _desc(publisher: str, created: float | None = None) -> Descriptor:
-    t = time.time() if created is None else created
-    return Descriptor(publisher, 3, "ab" * 32, 1000, ("arith",), t, t + 300)
+def clock() -> float:
+    return NOW
 
 
-def _record(value: object, subkey: object) -> DHTRecord:
-    return DHTRecord(
-        key=b"\x01" * 20,
-        subkey=MSGPackSerializer.dumps(subkey),
-        value=MSGPackSerializer.dumps(value),
-        expiration_time=time.time() + 300,
+def _validator() -> SignedRecordValidator:
+    v = swarm_record_validator(SWARM, WINDOW, SYNC)
+    v.clock = clock
+    return v
+
+
+def _desc(publisher: str, created: float = NOW, ttl: float = 300.0) -> Descriptor:
+    return Descriptor(publisher, 3, "ab" * 32, 1000, ("arith",), created, created + ttl)
+
+
+def _record(value: object, subkey: object, key: str, expiration: float) -> DHTRecord:
+    return DHTRecord(dht_key(key), MSGPackSerializer.dumps(subkey), MSGPackSerializer.dumps(value), expiration)
+
+
+def _desc_record(desc: Descriptor, signer: SigningKey = ALICE, **kw: Any) -> DHTRecord:
+    key = kw.get("key", window_key(SWARM, desc.created, WINDOW))
+    return _record(
+        seal(DESCRIPTOR_KIND, desc, signer), kw.get("subkey", desc.publisher), key, kw.get("exp", desc.expires)
     )
 
 
-def test_accepts_own_descriptor_under_own_subkey() -> None:
-    sealed = seal_descriptor(_desc(ALICE.peer_id), ALICE)
-    assert rollout_validator().validate(_record(sealed, ALICE.peer_id))
+def _refusal(v: SignedRecordValidator, record: DHTRecord) -> RecordRefusal | None:
+    before = v.refused.copy()
+    if v.validate(record):
+        return None
+    (reason,) = (v.refused - before).keys()
+    return reason
 
 
-def test_rejects_descriptor_under_another_peers_subkey() -> None:
-    sealed = seal_descriptor(_desc(MALLORY.peer_id), MALLORY)
-    assert not rollout_validator().validate(_record(sealed, ALICE.peer_id))
+def test_accepts_own_descriptor_under_own_subkey_window_and_expiry() -> None:
+    v = _validator()
+    assert _refusal(v, _desc_record(_desc(ALICE.peer_id))) is None
+    assert v.accepted == 1 and not v.refused
 
 
-def test_rejects_descriptor_signed_by_someone_else() -> None:
-    forged = seal(DESCRIPTOR_KIND, _desc(ALICE.peer_id), MALLORY)  # claims Alice, signed by Mallory
-    assert not rollout_validator().validate(_record(forged, ALICE.peer_id))
+def test_replay_under_the_next_window_key_is_refused() -> None:
+    desc = _desc(ALICE.peer_id)
+    for t in (NOW + WINDOW, NOW - WINDOW):
+        assert _refusal(_validator(), _desc_record(desc, key=window_key(SWARM, t, WINDOW))) is RecordRefusal.WRONG_KEY
+    other_swarm = window_key("other-swarm", NOW, WINDOW)
+    assert _refusal(_validator(), _desc_record(desc, key=other_swarm)) is RecordRefusal.WRONG_KEY
 
 
-def test_rejects_descriptor_without_subkey_and_tampered_bytes() -> None:
-    sealed = seal_descriptor(_desc(ALICE.peer_id), ALICE)
-    regular = DHTRecord(b"\x01" * 20, DHTProtocol.IS_REGULAR_VALUE, MSGPackSerializer.dumps(sealed), 0.0)
-    assert not rollout_validator().validate(regular)
-    tampered = sealed.replace(b"arith", b"arixh")
-    assert not rollout_validator().validate(_record(tampered, ALICE.peer_id))
+def test_dht_expiration_beyond_the_signed_expiry_is_refused() -> None:
+    desc = _desc(ALICE.peer_id)
+    v = _validator()
+    assert _refusal(v, _desc_record(desc, exp=NOW + 3600.0)) is RecordRefusal.OUTLIVES_SIGNATURE
+    assert _refusal(v, _desc_record(desc, exp=desc.expires + 0.001)) is RecordRefusal.OUTLIVES_SIGNATURE
+    assert _refusal(v, _desc_record(desc, exp=desc.expires)) is None
+    assert _refusal(v, _desc_record(desc, exp=float("inf"))) is RecordRefusal.OUTLIVES_SIGNATURE
 
 
-def test_rejects_invalid_schema_even_when_signed() -> None:
-    bad = Descriptor(ALICE.peer_id, 3, "ab" * 32, 1000, ("arith",), 10.0, 10.0 + 99999)  # TTL too long
-    assert not rollout_validator().validate(_record(seal(DESCRIPTOR_KIND, bad, ALICE), ALICE.peer_id))
+def test_created_beyond_the_clock_skew_is_refused() -> None:
+    late = _desc(ALICE.peer_id, created=NOW + limits.MAX_CLOCK_SKEW_S + 1.0)
+    assert _refusal(_validator(), _desc_record(late)) is RecordRefusal.FROM_THE_FUTURE
+    near = _desc(ALICE.peer_id, created=NOW + limits.MAX_CLOCK_SKEW_S - 1.0)
+    assert _refusal(_validator(), _desc_record(near)) is None
 
 
-def test_leaves_foreign_records_to_other_validators() -> None:
+def test_garbage_and_foreign_values_are_refused() -> None:
+    v, key = _validator(), "junk-0123"
+    cases = {
+        RecordRefusal.OVERSIZED: _record(b"\x00" * 1_900_000, "x", key, NOW + 864_000),
+        RecordRefusal.NOT_OURS: _record({"some": "other value"}, "x", key, NOW + 60),
+    }
+    for expected, record in cases.items():
+        assert _refusal(v, record) is expected
+    assert _refusal(v, _record(b"\xc1 not msgpack", ALICE.peer_id, key, NOW + 60)) is RecordRefusal.NOT_OURS
+    assert _refusal(v, _record(12345, None, key, NOW + 60)) is RecordRefusal.NOT_OURS
+    other_kind = seal(ROLLOUT_BATCH_KIND, _desc(ALICE.peer_id), ALICE)  # a kind that is not registered
+    assert _refusal(v, _record(other_kind, ALICE.peer_id, key, NOW + 60)) is RecordRefusal.NOT_OURS
+    assert v.refused[RecordRefusal.NOT_OURS] == 4 and v.accepted == 0
+
+
+def test_subkey_signature_and_schema_rules() -> None:
+    v, desc = _validator(), _desc(ALICE.peer_id)
+    key = window_key(SWARM, NOW, WINDOW)
+    sealed = seal_descriptor(desc, ALICE)
+    regular = DHTRecord(dht_key(key), DHTProtocol.IS_REGULAR_VALUE, MSGPackSerializer.dumps(sealed), desc.expires)
+    assert _refusal(v, regular) is RecordRefusal.NO_SUBKEY
+    assert _refusal(v, _desc_record(desc, subkey=MALLORY.peer_id)) is RecordRefusal.WRONG_SUBKEY
+    assert _refusal(v, _desc_record(desc, MALLORY)) is RecordRefusal.BAD_RECORD  # claims Alice, signed by Mallory
+    tampered = _record(sealed.replace(b"arith", b"arixh"), ALICE.peer_id, key, desc.expires)
+    assert _refusal(v, tampered) is RecordRefusal.BAD_RECORD
+    too_long = _desc(ALICE.peer_id, ttl=limits.MAX_DESCRIPTOR_TTL_S + 1)  # TTL beyond the protocol's limit
+    assert _refusal(v, _desc_record(too_long)) is RecordRefusal.BAD_RECORD
+
+
+def test_without_a_swarm_id_only_the_key_is_unchecked() -> None:
     v = rollout_validator()
-    assert v.validate(_record({"some": "other value"}, "x"))
-    assert v.validate(_record(b"\xc1 not msgpack", ALICE.peer_id))
-    assert v.validate(_record(12345, None))
-    # an envelope of a kind that is not registered is not ours either
-    other_kind = seal(ROLLOUT_BATCH_KIND, _desc(ALICE.peer_id), ALICE)
-    assert v.validate(_record(other_kind, MALLORY.peer_id))
+    v.clock = clock
+    desc = _desc(ALICE.peer_id)
+    assert v.validate(_desc_record(desc, key="anything"))
+    assert not v.validate(_desc_record(desc, key="anything", exp=NOW + 3600.0))
+    with pytest.raises(ValueError, match="window_s"):
+        rollout_validator(SWARM, 0.0)
 
 
-def test_merge_unions_kinds() -> None:
-    a = SignedRecordValidator({DESCRIPTOR_KIND: (Descriptor.from_wire, lambda d: d.publisher)})
-    b = SignedRecordValidator({"other": (Descriptor.from_wire, lambda d: d.publisher)})
-    assert a.merge_with(b) and set(a.kinds) == {DESCRIPTOR_KIND, "other"}
+# ---- records as the real code paths store them ------------------------------------------------
+
+
+class _Done:
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def result(self, timeout: float | None = None) -> object:
+        return self.value
+
+    def cancel(self) -> None:
+        pass
+
+
+class _CapturingDHT:
+    """Records every store (key, value, expiration, subkey); every store succeeds, every read finds nothing."""
+
+    def __init__(self) -> None:
+        self.stored: list[tuple[str, bytes, float, str]] = []
+
+    def store(self, key: str, value: bytes, expiration_time: float, subkey: str, **_: Any) -> _Done:
+        self.stored.append((key, value, expiration_time, subkey))
+        return _Done(True)
+
+    def get(self, key: str, **_: Any) -> _Done:
+        return _Done(None)
+
+
+class _P2P:
+    async def add_binary_stream_handler(self, *_: Any) -> None:
+        pass
+
+    async def remove_binary_stream_handler(self, *_: Any) -> None:
+        pass
+
+
+def _membership(key: SigningKey) -> Any:
+    return SimpleNamespace(
+        identity=SimpleNamespace(key=key), peer_id=key.peer_id, cfg=MembershipConfig(swarm_id=SWARM),
+        dht=_CapturingDHT(), p2p=_P2P(), run=lambda coro, timeout: asyncio.run(coro),
+    )  # fmt: skip
+
+
+def _as_records(dht: _CapturingDHT) -> list[DHTRecord]:
+    return [_record(value, subkey, key, exp) for key, value, exp, subkey in dht.stored]
+
+
+def test_descriptors_published_by_the_exchange_are_accepted() -> None:
+    member = _membership(ALICE)
+    times = iter([NOW, NOW + 0.1, NOW + WINDOW - 0.01, NOW + WINDOW])  # two windows, publishes 0.1 s apart
+    cfg = ExchangeConfig(window_s=WINDOW)
+    ex = RolloutExchange(cast(Membership, member), cfg, clock=lambda: next(times), rng=random.Random(0)).start()
+    for round_ in range(4):
+        ex.publish(make_batch(ALICE.peer_id, round_))
+    v = _validator()
+    records = _as_records(member.dht)
+    assert len(records) == 4 and [_refusal(v, r) for r in records] == [None] * 4
+    assert len({r.key for r in records}) == 2
+
+
+def test_sync_records_stored_by_dhtio_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = [NOW]
+    monkeypatch.setattr("swarm.sync.dhtio.get_dht_time", lambda: t[0])  # dhtio's expiration clock, faked
+
+    def sleep(s: float) -> None:
+        t[0] += max(s, 0.01)
+
+    for cfg in (
+        SYNC,
+        OuterSyncConfig(matchmaking_timeout_s=1.5, allreduce_timeout_s=4.0, dht_timeout_s=4.0, record_ttl_s=60.0),
+    ):
+        member = _membership(ALICE)
+        records = SyncRecords(cast(Membership, member), "0123456789abcdef", cfg, clock=lambda: t[0], sleep=sleep)
+        assert records.publish_state(2, "cd" * 32)
+        assert records.matchmake(2, "cd" * 32).status == "no partner"  # alone: joins, waits the window out
+        plan = RoundPlan("ef" * 16, 2, (ALICE.peer_id, MALLORY.peer_id), 10, "none", "mean", 0.0, t[0] + 9)
+        assert records.vote(plan, "ab" * 32)
+        v = swarm_record_validator(SWARM, WINDOW, cfg)
+        v.clock = lambda: t[0]
+        stored = _as_records(member.dht)
+        kinds = {codec.unpack(MSGPackSerializer.loads(r.value), 4096)["kind"] for r in stored}
+        assert len(stored) == 3 and len(kinds) == 3
+        assert [_refusal(v, r) for r in stored] == [None] * 3, cfg
+
+
+def _state_record(exp_after: float, key: str | None = None) -> DHTRecord:
+    record = StateRecord(ALICE.peer_id, "0123456789abcdef", 4, "cd" * 32, NOW)
+    key = key or state_key(SWARM, "0123456789abcdef")
+    return _record(seal(STATE_KIND, record, ALICE), ALICE.peer_id, key, NOW + exp_after)
+
+
+def test_sync_records_are_bound_to_their_key_and_lifetime() -> None:
+    v = _validator()
+    assert _refusal(v, _state_record(SYNC.record_ttl_s)) is None
+    assert _refusal(v, _state_record(SYNC.record_ttl_s + 5.0)) is RecordRefusal.OUTLIVES_SIGNATURE
+    assert _refusal(v, _state_record(60.0, vote_key(SWARM, "0123456789abcdef", "ef" * 16))) is RecordRefusal.WRONG_KEY
+    assert _refusal(v, _state_record(60.0, state_key(SWARM, "fedcba9876543210"))) is RecordRefusal.WRONG_KEY
+
+
+# ---- merging ---------------------------------------------------------------------------------
+
+
+def test_merge_unions_kinds_and_keeps_conflicting_rules_apart() -> None:
+    a, b = rollout_validator(SWARM, WINDOW), sync_validator(SWARM, SYNC)
+    assert a.merge_with(b) and set(a.rules) == {DESCRIPTOR_KIND, *b.rules} and VOTE_KIND in a.rules
+    other_window = rollout_validator(SWARM, 60.0)
+    before = dict(a.rules)
+    assert not a.merge_with(other_window) and a.rules == before
+    assert a.merge_with(rollout_validator(SWARM, WINDOW))  # equal rules merge
+
+
+def test_strict_validators_registered_separately_still_accept_each_others_kinds() -> None:
+    """hivemind merges validators it is given; unmerged, each strict one would refuse the other's kinds."""
+    composite = CompositeValidator([rollout_validator(SWARM, WINDOW), sync_validator(SWARM, SYNC)])
+    desc = _desc(ALICE.peer_id, created=time.time())  # their clock is the real one
+    assert composite.validate(_desc_record(desc))
+    assert not composite.validate(_record(b"junk", "x", "junk", desc.expires))
+
+
+def test_a_check_that_raises_is_a_counted_refusal() -> None:
+    def broken() -> float:
+        raise OSError("clock gone")
+
+    v = _validator()
+    v.clock = broken
+    assert not v.validate(_desc_record(_desc(ALICE.peer_id)))
+    assert v.refused[RecordRefusal.BAD_RECORD] == 1

@@ -1,0 +1,388 @@
+"""A byte budget on a node's local DHT storage and cache, installed into hivemind's DHT process.
+
+Why our own storage: hivemind's ``DHTLocalStorage`` bounds nothing but an
+optional entry count (``DHTNode``'s ``cache_size``, unbounded by default), so
+every value a peer manages to store stays in memory until its expiration,
+however large and however far off (issue 11: 40 x 1.9 MB for 10 days grew each
+honest process by 66-101 MB). :class:`BudgetedStorage` keeps a ledger of the
+bytes held per key and subkey and enforces, after each successful store:
+
+* a per-key cap in bytes and in subkeys: a key hivemind cannot return whole
+  (its 4 MiB message cap, docs/ARCHITECTURE.md "Message cap") is unreadable for
+  everyone, so a key is kept well below it;
+* a total byte budget; and, for the cache, a most number of keys.
+
+The eviction rule is the same everywhere: **entries expiring soonest go first**
+(the rule hivemind's own cache applies to its entry count), never the entry
+just stored; a value that cannot fit even in an empty key is refused. Sizes
+count the value, the subkey and a measured per-entry and per-key overhead of
+hivemind's containers, so the budget tracks real memory.
+
+Two more hivemind behaviours it closes:
+
+* a store that is not newer than what is held under the same key and subkey
+  is refused before hivemind sees it: ``TimedStorage.store`` points its
+  expiration bookkeeping at such a refused value, so when the *older*
+  expiration passed it deleted the newer value (replaying an owner's older,
+  still-valid record made the owner's current one vanish early);
+* ``get`` returns a copy of a dictionary: a DHT lookup merges every other
+  node's answer into the object it got from local storage, which wrote
+  around any budget straight into the storage's own dictionary.
+
+:func:`install_budgets` swaps these in for ``node.protocol.storage`` and
+``node.protocol.cache`` inside the DHT process (``DHT.run_coroutine``),
+carrying over what was stored meanwhile; :mod:`swarm.membership` calls it right
+after the DHT starts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections import Counter
+from collections.abc import Generator, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import partial
+from typing import Any, TypeVar
+
+import hivemind
+from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
+from hivemind.utils import MSGPackSerializer, timed_storage
+from hivemind.utils.timed_storage import TimedStorage, ValueWithExpiration
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class _Regular:
+    def __repr__(self) -> str:
+        return "<regular value>"
+
+
+REGULAR = _Regular()
+"""The ledger's subkey for a value stored without a subkey (no peer can send this object)."""
+
+ENTRY_OVERHEAD_BYTES = 352
+"""hivemind's containers per subkey entry beyond value and subkey bytes (tracemalloc: 347 B per entry)."""
+KEY_OVERHEAD_BYTES = 1024
+"""hivemind's containers per key holding a dictionary (tracemalloc: ~1,035 B for a key with one subkey)."""
+
+
+class StorageEvent(StrEnum):
+    """What the budget did to a store or to an entry already held; counted by value."""
+
+    REFUSED_TOO_BIG = "refused: larger than the per-key cap"
+    REFUSED_NOT_NEWER = "refused: not newer than the held value"
+    EVICTED_KEY_FULL = "evicted: its key was over its byte or subkey cap"
+    EVICTED_BUDGET = "evicted: the storage was over its byte budget"
+    EVICTED_KEY_COUNT = "evicted: the storage held its most keys"
+
+
+@dataclass(frozen=True)
+class StorageBudget:
+    """Bounds of one :class:`BudgetedStorage`; ``max_keys=None`` leaves the number of keys to the bytes."""
+
+    total_bytes: int
+    key_bytes: int
+    key_subkeys: int
+    max_keys: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.key_bytes < KEY_OVERHEAD_BYTES + ENTRY_OVERHEAD_BYTES + 4096:
+            raise ValueError(f"key_bytes={self.key_bytes}; use at least 8192 so one record fits in a key")
+        if self.total_bytes < self.key_bytes:
+            raise ValueError(f"total_bytes={self.total_bytes} < key_bytes={self.key_bytes}; raise total_bytes")
+        if self.key_subkeys < 1 or (self.max_keys is not None and self.max_keys < 1):
+            raise ValueError(f"key_subkeys={self.key_subkeys}, max_keys={self.max_keys}; use at least 1 each")
+
+
+@dataclass
+class StorageStats:
+    """A snapshot of one storage's ledger and what its budget did."""
+
+    used_bytes: int
+    keys: int
+    entries: int
+    events: dict[str, int] = field(default_factory=dict)
+
+
+def entry_bytes(subkey: Any, value: bytes) -> int:
+    """Bytes one (subkey, value) entry is charged: value, msgpack'd subkey and container overhead."""
+    sub = 0 if subkey is REGULAR else len(MSGPackSerializer.dumps(subkey))
+    return len(value) + sub + ENTRY_OVERHEAD_BYTES
+
+
+def choose_evictions(candidates: Iterable[tuple[T, int]], bytes_over: int, entries_over: int = 0) -> list[T]:
+    """The first ``candidates`` (in order) whose removal frees ``bytes_over`` bytes and ``entries_over`` entries.
+
+    Pure: it reads ``candidates`` (``(item, bytes)`` pairs) only as far as it needs to, never one more.
+
+    >>> choose_evictions([("a", 10), ("b", 5), ("c", 7)], bytes_over=12)
+    ['a', 'b']
+    >>> choose_evictions([("a", 10), ("b", 5)], bytes_over=0, entries_over=1)
+    ['a']
+    """
+    chosen: list[T] = []
+    pending = iter(candidates)
+    while bytes_over > 0 or entries_over > 0:  # checked before taking the next: a lazy source yields no extra
+        taken = next(pending, None)
+        if taken is None:
+            break
+        chosen.append(taken[0])
+        bytes_over -= taken[1]
+        entries_over -= 1
+    return chosen
+
+
+@dataclass
+class _Entry:
+    size: int
+    expiration: float
+    seq: int
+
+
+class BudgetedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind is not type-checked: Any
+    """A ``DHTLocalStorage`` that keeps its byte ledger within a :class:`StorageBudget` (see the module docstring)."""
+
+    def __init__(self, budget: StorageBudget) -> None:
+        super().__init__(maxsize=None)  # the key count is enforced here, so the ledger sees every removal
+        self.budget = budget
+        self.events: Counter[StorageEvent] = Counter()
+        self.used_bytes = 0
+        self.entries = 0
+        self._ledger: dict[Any, dict[Any, _Entry]] = {}
+        self._key_bytes: dict[Any, int] = {}
+        self._heap: list[tuple[float, int, Any, Any]] = []  # (expiration, seq, key, subkey); stale entries skipped
+        self._seq = itertools.count()
+
+    # ---- the two ways hivemind stores -----------------------------------------------------------
+
+    def store(self, key: Any, value: Any, expiration_time: float, subkey: Any = None) -> bool:
+        if subkey is not None:
+            return self.store_subkey(key, subkey, value, expiration_time)
+        return self._admit(key, REGULAR, value, expiration_time)
+
+    def store_subkey(self, key: Any, subkey: Any, value: Any, expiration_time: float) -> bool:
+        return self._admit(key, subkey, value, expiration_time)
+
+    def get(self, key: Any) -> Any:
+        """What is held under ``key``; a dictionary comes as a copy (see the module docstring)."""
+        found = TimedStorage.get(self, key)
+        if found is None or not isinstance(found.value, DictionaryDHTValue):
+            return found
+        return ValueWithExpiration(_fresh_copy(found.value), found.expiration_time)
+
+    def _admit(self, key: Any, subkey: Any, value: Any, expiration: float) -> bool:
+        self.purge_expired(timed_storage.get_dht_time())
+        if isinstance(value, DictionaryDHTValue):  # a whole dictionary (the cache stores lookup results so)
+            value = _fresh_copy(value)
+            size = sum(entry_bytes(s, v) for s, (v, _) in value.items())
+        else:
+            size = entry_bytes(subkey, value)
+        if size + KEY_OVERHEAD_BYTES > self.budget.key_bytes:
+            return self._refuse(StorageEvent.REFUSED_TOO_BIG, key, size)
+        held = self._held_expiration(key, subkey)
+        if held is not None and expiration <= held:
+            return self._refuse(StorageEvent.REFUSED_NOT_NEWER, key, size)
+        previous = self.data.get(key)
+        was_dict = previous is not None and isinstance(previous.value, DictionaryDHTValue)
+        if not self._store_held(key, subkey, value, expiration):
+            return False
+        if subkey is REGULAR or not was_dict:
+            self._unledger_key(key)  # the whole value under ``key`` was replaced
+        if isinstance(value, DictionaryDHTValue):
+            for sub, (v, exp) in value.items():
+                self._ledger_put(key, sub, entry_bytes(sub, v), exp)
+        else:
+            self._ledger_put(key, subkey, size, expiration)
+        self._enforce(key, subkey)
+        return True
+
+    def _store_held(self, key: Any, subkey: Any, value: Any, expiration: float) -> bool:
+        """``DHTLocalStorage.store`` / ``store_subkey``, on the held objects (``get`` hands out copies)."""
+        if subkey is REGULAR:
+            return bool(TimedStorage.store(self, key, value, expiration))
+        found = TimedStorage.get(self, key)
+        if found is not None and isinstance(found.value, DictionaryDHTValue):
+            if expiration > found.value.latest_expiration_time:
+                TimedStorage.store(self, key, found.value, expiration)  # the key lives as long as its latest entry
+            return bool(found.value.store(subkey, value, expiration))
+        if found is not None and expiration <= found.expiration_time:
+            return False  # a newer regular value is held
+        fresh = DictionaryDHTValue()
+        fresh.store(subkey, value, expiration)
+        return bool(TimedStorage.store(self, key, fresh, expiration))
+
+    def _refuse(self, event: StorageEvent, key: Any, size: int) -> bool:
+        self.events[event] += 1
+        logger.debug("DHT storage %s (%d bytes under key %s)", event.value, size, str(key)[:12])
+        return False
+
+    def _held_expiration(self, key: Any, subkey: Any) -> float | None:
+        """Expiration of what is held under (key, subkey); for a dictionary without it, None (a new subkey)."""
+        item = self.data.get(key)
+        if item is None:
+            return None
+        if isinstance(item.value, DictionaryDHTValue) and subkey is not REGULAR:
+            sub = item.value.data.get(subkey)
+            return None if sub is None else float(sub.expiration_time)
+        return float(item.expiration_time)
+
+    # ---- the ledger -------------------------------------------------------------------------------
+
+    def _ledger_put(self, key: Any, subkey: Any, size: int, expiration: float) -> None:
+        entries = self._ledger.get(key)
+        if entries is None:
+            entries = self._ledger[key] = {}
+            self._key_bytes[key] = KEY_OVERHEAD_BYTES
+            self.used_bytes += KEY_OVERHEAD_BYTES
+        old = entries.get(subkey)
+        self.entries += old is None
+        delta = size - (old.size if old is not None else 0)
+        seq = next(self._seq)
+        entries[subkey] = _Entry(size, expiration, seq)
+        self._key_bytes[key] += delta
+        self.used_bytes += delta
+        heapq.heappush(self._heap, (expiration, seq, key, subkey))
+        if len(self._heap) > 2 * self.entries + 1024:
+            self._compact()
+
+    def _unledger(self, key: Any, subkey: Any) -> None:
+        entries = self._ledger.get(key)
+        if entries is None or subkey not in entries:
+            return
+        size = entries.pop(subkey).size
+        self.entries -= 1
+        self._key_bytes[key] -= size
+        self.used_bytes -= size
+        if not entries:
+            self.used_bytes -= self._key_bytes.pop(key)
+            del self._ledger[key]
+
+    def _unledger_key(self, key: Any) -> None:
+        for subkey in list(self._ledger.get(key, ())):
+            self._unledger(key, subkey)
+
+    def _compact(self) -> None:
+        """Rebuild the heap from the ledger: replaced entries leave stale heap items behind."""
+        self._heap = [(e.expiration, e.seq, k, s) for k, entries in self._ledger.items() for s, e in entries.items()]
+        heapq.heapify(self._heap)
+
+    def _live(self, item: tuple[float, int, Any, Any]) -> bool:
+        _, seq, key, subkey = item
+        entry = self._ledger.get(key, {}).get(subkey)
+        return entry is not None and entry.seq == seq
+
+    # ---- removal ----------------------------------------------------------------------------------
+
+    def purge_expired(self, now: float) -> None:
+        """Drop every entry whose expiration is before ``now`` from the ledger and from memory."""
+        while self._heap and self._heap[0][0] < now:
+            item = heapq.heappop(self._heap)
+            if self._live(item):
+                self._remove(item[2], item[3])
+
+    def _remove(self, key: Any, subkey: Any) -> None:
+        """Forget (key, subkey) in the ledger and delete it from hivemind's containers."""
+        self._unledger(key, subkey)
+        item = self.data.get(key)
+        if item is None:
+            return
+        if subkey is REGULAR or not isinstance(item.value, DictionaryDHTValue):
+            del self[key]
+            return
+        del item.value[subkey]
+        if not item.value.data:
+            del self[key]
+
+    def _evict(self, victims: Iterable[tuple[Any, Any]], event: StorageEvent) -> None:
+        for key, subkey in victims:
+            self._remove(key, subkey)
+            self.events[event] += 1
+            logger.debug("DHT storage %s (key %s)", event.value, str(key)[:12])
+
+    def _enforce(self, key: Any, subkey: Any) -> None:
+        """Bring the key, the key count and the total back within the budget, sparing (key, subkey)."""
+        b = self.budget
+        entries = self._ledger.get(key, {})
+        over_bytes, over_entries = self._key_bytes.get(key, 0) - b.key_bytes, len(entries) - b.key_subkeys
+        if over_bytes > 0 or over_entries > 0:
+            others = sorted((e.expiration, e.seq, s, e.size) for s, e in entries.items() if s != subkey)
+            chosen = choose_evictions((((key, s), size) for _, _, s, size in others), over_bytes, over_entries)
+            self._evict(chosen, StorageEvent.EVICTED_KEY_FULL)
+        if b.max_keys is not None and len(self._ledger) > b.max_keys:
+            latest = sorted((max(e.expiration for e in es.values()), k) for k, es in self._ledger.items() if k != key)
+            keys = choose_evictions(((k, 1) for _, k in latest), 0, len(self._ledger) - b.max_keys)
+            self._evict([(k, s) for k in keys for s in list(self._ledger[k])], StorageEvent.EVICTED_KEY_COUNT)
+        if self.used_bytes > b.total_bytes:
+            soonest = self._soonest(spare=(key, subkey))
+            try:
+                chosen = choose_evictions(soonest, self.used_bytes - b.total_bytes)
+            finally:
+                soonest.close()  # puts the spared entry back on the heap
+            self._evict(chosen, StorageEvent.EVICTED_BUDGET)
+
+    def _soonest(self, spare: tuple[Any, Any]) -> Generator[tuple[tuple[Any, Any], int], None, None]:
+        """Live entries, soonest expiring first, popped off the heap as they are taken (the spared one is kept)."""
+        kept: list[tuple[float, int, Any, Any]] = []
+        try:
+            while self._heap:
+                item = heapq.heappop(self._heap)
+                if not self._live(item):
+                    continue
+                if (item[2], item[3]) == spare:
+                    kept.append(item)
+                    continue
+                yield (item[2], item[3]), self._ledger[item[2]][item[3]].size
+        finally:
+            for item in kept:
+                heapq.heappush(self._heap, item)
+
+    def stats(self) -> StorageStats:
+        events = {e.value: n for e, n in self.events.items()}
+        return StorageStats(self.used_bytes, len(self._ledger), self.entries, events)
+
+
+def _fresh_copy(value: DictionaryDHTValue) -> DictionaryDHTValue:
+    """The same entries in a new dictionary, so the expiration bookkeeping is clean (see the module docstring)."""
+    copy = DictionaryDHTValue()
+    for subkey, (v, exp) in value.items():
+        copy.store(subkey, v, exp)
+    return copy
+
+
+def _carry_over(old: Any, new: BudgetedStorage) -> BudgetedStorage:
+    """Store what ``old`` holds into ``new`` (through its budget)."""
+    for key, item in list(old.items()):
+        if isinstance(item.value, DictionaryDHTValue):
+            for subkey, (v, exp) in item.value.items():
+                new.store_subkey(key, subkey, v, exp)
+        else:
+            new.store(key, item.value, item.expiration_time)
+    return new
+
+
+async def _install(_dht: Any, node: Any, storage: StorageBudget, cache: StorageBudget) -> None:
+    # runs on the DHT process's event loop: no other coroutine runs between these lines
+    protocol = node.protocol
+    protocol.storage = _carry_over(protocol.storage, BudgetedStorage(storage))
+    protocol.cache = _carry_over(protocol.cache, BudgetedStorage(cache))
+
+
+def install_budgets(dht: hivemind.DHT, storage: StorageBudget, cache: StorageBudget, timeout: float) -> None:
+    """Replace the DHT process's storage and cache by budgeted ones (what they hold is carried over)."""
+    dht.run_coroutine(partial(_install, storage=storage, cache=cache), return_future=True).result(timeout=timeout)
+
+
+async def _stats(_dht: Any, node: Any) -> dict[str, StorageStats]:
+    found = {"storage": node.protocol.storage, "cache": node.protocol.cache}
+    return {name: s.stats() for name, s in found.items() if isinstance(s, BudgetedStorage)}
+
+
+def storage_stats(dht: hivemind.DHT, timeout: float) -> dict[str, StorageStats]:
+    """Ledger snapshots of the budgeted ``storage`` and ``cache`` in ``dht``'s process."""
+    stats: dict[str, StorageStats] = dht.run_coroutine(_stats, return_future=True).result(timeout=timeout)
+    return stats
