@@ -18,7 +18,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from protocol import codec
+from protocol import codec, limits
 from protocol.errors import MessageRejected
 from protocol.peer_id import peer_id_from_public_key, public_key_from_peer_id
 
@@ -89,7 +89,9 @@ def open_envelope(
     if not isinstance(env, dict) or set(env) != {"kind", "body", "sig"}:
         raise MessageRejected(f"{kind}: not a signed envelope")
     if env["kind"] != kind:
-        raise MessageRejected(f"{kind}: envelope is of kind {env['kind']!r}")
+        # never repr() a peer's value: a list nested 1,000 deep makes repr raise RecursionError
+        other = env["kind"][: limits.MAX_ID_CHARS] if isinstance(env["kind"], str) else type(env["kind"]).__name__
+        raise MessageRejected(f"{kind}: envelope is of kind {other!r}")
     body, sig = env["body"], env["sig"]
     if not isinstance(body, bytes) or not isinstance(sig, bytes) or len(sig) != 64:
         raise MessageRejected(f"{kind}: malformed envelope fields")

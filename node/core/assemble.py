@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from node.core.checkpoint import CheckpointConfig
 from node.core.config import NodeConfig, NodeParts
+from node.core.ingest import IngestConfig
 from node.core.options import NodeOptions
 from node.training.grpo import GRPOConfig
 from node.training.models import recommended_defaults
@@ -24,7 +25,8 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
     ``max_new_tokens`` (when 0) and the learning rate (when None).
     """
     cfg = NodeConfig(
-        model=opts.model, tasks=tuple(opts.task), seed=opts.seed, rounds=opts.rounds,
+        model=opts.model, tasks=tuple(opts.task), accept_tasks=tuple(opts.accept_task), seed=opts.seed,
+        rounds=opts.rounds,
         local_groups=opts.local_groups, external_groups=opts.external_groups, num_generations=opts.generations,
         sampling=opts.sampling, log_dir=opts.log_dir, device=opts.device, max_threads=opts.max_threads,
         identity=opts.identity,
@@ -51,5 +53,6 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
         grpo=GRPOConfig(learning_rate=learning_rate, micro_batch_size=rec.micro_batch_size),
         sync=sync,
         checkpoint=CheckpointConfig(every=opts.checkpoint_every, resume=opts.resume),
+        ingest=IngestConfig(accept_tokens=opts.accept_tokens),
     )
     return cfg, parts

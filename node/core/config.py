@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from node.core.checkpoint import CheckpointConfig
+from node.core.ingest import IngestConfig
 from node.core.options import DEFAULT_IDENTITY, DEFAULT_MODEL
 from node.core.pool import SAMPLING_POLICIES
 from node.training.grpo import GRPOConfig
@@ -26,6 +27,10 @@ class NodeConfig:
 
     model: str = field(default=DEFAULT_MODEL, metadata={"help": "Built-in model name or a local HF model folder."})
     tasks: tuple[str, ...] = field(default=(), metadata={"help": "Task families to sample from; empty = all."})
+    accept_tasks: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "More task families to learn from peers' groups without generating them (default config)."},
+    )
     seed: int = field(default=0, metadata={"help": "Seed for model init, task sampling and generation."})
     rounds: int = field(default=0, metadata={"help": "Rounds to run before stopping; 0 runs until stopped."})
     local_groups: int = field(default=4, metadata={"help": "I: local groups (questions) generated per round."})
@@ -80,3 +85,4 @@ class NodeParts:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     sync: OuterSyncConfig | None = None  # None: no outer sync (SAPO sharing only)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)

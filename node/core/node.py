@@ -23,15 +23,17 @@ from node.core.config import NodeConfig, NodeParts
 from node.core.ingest import ingest
 from node.core.links import Exchange, Links, LinksFactory, Sync, hivemind_links
 from node.core.pool import ExternalPool
-from node.core.record import Collected, RoundRecord, mean
+from node.core.record import Collected, RoundRecord, banned_count, mean
 from node.observe.logs import CONTEXT, PROGRESS
 from node.observe.metrics import MetricsWriter
+from node.tasks.acceptance import Acceptance
 from node.tasks.registry import BUILTIN_TASKS, TaskItem, TaskMix, build_task
 from node.tasks.verify import TrainGroup, local_group
 from node.training.device import params_digest, resolve_device
 from node.training.grpo import GRPOTrainer, drop_zero_advantage
 from node.training.models import load_model
 from node.training.policy import Policy
+from node.training.tokenizer import max_token_chars
 from protocol import RolloutBatch, RolloutGroup, short_id
 from swarm.identity import load_or_create
 
@@ -89,6 +91,7 @@ class Node:
         names = self.cfg.tasks or tuple(BUILTIN_TASKS)
         self.families = {n: build_task(n) for n in names}
         self.task_mix = TaskMix(list(self.families.values()), seed=self.cfg.seed)
+        self.acceptance = self._acceptance()
         self._digest_start = params_digest(model)
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
         self.links = self._links_factory(identity, self.parts, model, self.clock)
@@ -211,7 +214,7 @@ class Node:
         kept, n_dropped = drop_zero_advantage(local + external)
         stats = self.trainer.step(kept) if kept else {}
         sync = self._maybe_sync()
-        record = self._record(local, external, collected, len(kept), n_dropped, stats.get("loss"), t0)
+        record = self._record(local, external, collected, n_dropped, stats, t0)
         self._log_progress(record, sync)
         every = self.parts.checkpoint.every
         if every and self.round % every == 0:
@@ -223,14 +226,15 @@ class Node:
         local: list[TrainGroup],
         external: list[TrainGroup],
         collected: Collected,
-        trained: int,
         dropped: int,
-        loss: float | None,
+        stats: dict[str, Any],
         t0: float,
     ) -> RoundRecord:
-        """This round's record, also written as the ``round`` metrics event."""
+        """This round's record, also written as the ``round`` metrics event (``stats``: the trainer's, {} if none)."""
         rewards = [r for g in local for r in g.rewards]
         traffic = self.exchange.stats() if self.exchange is not None else {}
+        reputation = self.exchange.reputation_summary() if self.exchange is not None else {}
+        trained = int(stats.get("n_groups", 0))
         record = RoundRecord(
             time=self.clock(),
             peer=self.peer_id,
@@ -247,12 +251,16 @@ class Node:
             external_peers=dict(Counter(g.source_peer for g in external)),
             batches_from=collected.from_peers,
             dropped_zero_adv=dropped,
+            too_long_skipped=int(stats.get("n_too_long", 0)),
             trained_groups=trained,
             pool=len(self.pool),
             peers_seen=len(self.peers_seen),
+            banned_peers=banned_count(reputation),
+            task_builds=collected.task_builds,
             bytes_in=traffic.get("bytes_in", 0),
             bytes_out=traffic.get("bytes_out", 0),
-            loss=loss,
+            loss=stats.get("loss") if trained else None,
+            ingest_s=collected.ingest_s,
             round_s=time.monotonic() - t0,
         )
         assert self.metrics is not None
@@ -324,4 +332,21 @@ class Node:
         self.exchange.round = self.round
         since = self.clock() - self.parts.exchange.descriptor_ttl_s
         result = self.exchange.collect(since=since, limit=self.cfg.collect_limit)
-        return ingest(result, self.pool, self.peers_seen)
+        collected = ingest(result, self.pool, self.peers_seen, self.acceptance, self.parts.ingest)
+        for peer, tally in collected.tallies.items():  # what re-verification found feeds the peer's reputation
+            self.exchange.judge(peer, accepted=tally.accepted, informative=tally.informative, refused=tally.refused)
+        return collected
+
+    def _acceptance(self) -> Acceptance:
+        """What this node takes from peers: its own families and configs, budget and context."""
+        ingest_cfg = self.parts.ingest
+        budget = (ingest_cfg.accept_tokens or self.parts.generation.max_new_tokens) + ingest_cfg.completion_slack_tokens
+        learned = {n: build_task(n) for n in self.cfg.accept_tasks if n not in self.families}
+        return Acceptance(
+            families={**learned, **self.families},
+            max_completion_tokens=budget,
+            max_token_chars=max_token_chars(self.policy.tokenizer),
+            context_tokens=self.policy.max_length,
+            completion_tokens=self.policy.count_completion_tokens,
+            prompt_tokens=self.policy.count_prompt_tokens,
+        )

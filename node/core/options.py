@@ -62,6 +62,12 @@ class NodeOptions:
 
     model: str = option(DEFAULT_MODEL, "built-in model name or local HF model folder")
     task: tuple[str, ...] = option((), "task family (repeatable; default: all)", inherit=True)
+    accept_task: tuple[str, ...] = option(
+        (), "task family learned from peers' groups without generating it (repeatable)", inherit=True
+    )
+    accept_tokens: int = option(
+        0, "longest peer completion accepted, in this model's tokens (0: its own --max-new-tokens)", inherit=True
+    )
     seed: int = option(0, "seed for init, sampling and generation")
     rounds: int = option(0, "rounds to run; 0 runs until stopped", inherit=True)
     local_groups: int = option(4, "I: local groups per round", flag="--local", inherit=True)

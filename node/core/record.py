@@ -8,19 +8,42 @@ checks that the two agree), and readers of the file (dashboard, experiments,
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
 @dataclass
+class PublisherTally:
+    """One publisher's groups in one round, as the exchange's reputation is told (``judge``).
+
+    ``accepted`` passed local re-verification, ``informative`` of them have
+    locally computed rewards that are not all equal, ``refused`` failed it in
+    a way only a dishonest or broken peer can (:data:`node.tasks.reasons.FAULTS`).
+    """
+
+    accepted: int = 0
+    informative: int = 0
+    refused: int = 0
+
+
+@dataclass
 class Collected:
-    """What one round's collect step brought: rejections by reason, mismatches, failures, batches per peer."""
+    """What one round's collect step brought: rejections by reason, mismatches, failures, batches per peer.
+
+    ``tallies`` is keyed by full peer id; ``task_builds`` counts expensive task
+    regenerations (new reasoning-gym datasets) that peers' groups caused;
+    ``ingest_s`` is the time spent re-verifying.
+    """
 
     reasons: Counter[str] = field(default_factory=Counter)
     accepted: int = 0
     mismatches: int = 0
     fetch_failed: int = 0
     from_peers: dict[str, int] = field(default_factory=dict)
+    tallies: dict[str, PublisherTally] = field(default_factory=dict)
+    task_builds: int = 0
+    ingest_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -42,12 +65,16 @@ class RoundRecord:
     external_peers: dict[str, int]
     batches_from: dict[str, int]
     dropped_zero_adv: int
+    too_long_skipped: int
     trained_groups: int
     pool: int
     peers_seen: int
+    banned_peers: int
+    task_builds: int
     bytes_in: int
     bytes_out: int
     loss: float | None
+    ingest_s: float
     round_s: float
 
     EVENT = "round"
@@ -60,6 +87,12 @@ class RoundRecord:
     def field_names(cls) -> list[str]:
         """The keys of a ``round`` event besides ``event``."""
         return [f.name for f in fields(cls)]
+
+
+def banned_count(summary: Mapping[str, Any]) -> int:
+    """How many peers the exchange's reputation bans now (its ``reputation_summary()["banned"]``; 0 if absent)."""
+    banned = summary.get("banned", 0)
+    return banned if isinstance(banned, int) and not isinstance(banned, bool) else 0
 
 
 def mean(values: list[float]) -> float | None:

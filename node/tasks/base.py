@@ -86,6 +86,16 @@ class TaskFamily:
         prompt, answer = self.generate(self._rng(seed, index))
         return TaskItem(TaskRef.make(self.name, self.config, seed, index), prompt, answer)
 
+    def needs_build(self, seed: int) -> bool:
+        """Whether regenerating an item of ``seed`` must first build something expensive.
+
+        False here: a built-in item is a sha256 and a few draws (about 20 us with
+        its verification). Families that build per-seed state (reasoning-gym
+        datasets) say True until it is cached, so that ingest can budget the
+        builds a peer's seeds cause.
+        """
+        return False
+
     def generate(self, rng: random.Random) -> tuple[str, str]:
         """Draw (prompt, answer) from ``rng``; subclasses implement this."""
         raise NotImplementedError

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -101,6 +103,10 @@ class ReasoningGymFamily(TaskFamily):
         except (AssertionError, ValueError, TypeError) as e:
             raise BadTaskConfig(f"task {self.name!r}: reasoning-gym rejects config {self.config}: {e}") from None
 
+    def needs_build(self, seed: int) -> bool:
+        """True until the dataset of ``seed`` is in the cache (building one can cost 100 ms, see :data:`_DATASETS`)."""
+        return (self.dataset, tuple(sorted(self.config.items())), seed) not in _DATASETS
+
     def item(self, seed: int, index: int) -> TaskItem:
         """The reasoning-gym item at (seed, index), with :data:`INSTRUCTION` appended to its question."""
         if not (0 <= seed < MAX_U63 and 0 <= index < MAX_U63):
@@ -114,12 +120,62 @@ class ReasoningGymFamily(TaskFamily):
         return exact_match(completion, item.answer)
 
 
-@functools.lru_cache(maxsize=64)
-def _dataset(name: str, config: tuple[tuple[str, Any], ...], seed: int) -> Any:
-    """A reasoning-gym dataset (cached: creation can read word lists; bounded so memory stays flat)."""
+DatasetKey = tuple[str, tuple[tuple[str, Any], ...], int]
+"""(dataset, sorted config items, seed)."""
+
+
+class DatasetCache:
+    """The last ``capacity`` reasoning-gym datasets built, least recently used evicted first.
+
+    An explicit LRU rather than ``functools.lru_cache`` because ingest must ask
+    whether a peer's seed is cached *before* paying for the build
+    (:meth:`ReasoningGymFamily.needs_build`). Bounded so that memory stays
+    flat however many seeds peers send; honest peers keep one seed per family,
+    so their datasets stay recent while a stream of new seeds evicts itself.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity={capacity}; a dataset cache needs room for at least 1 dataset")
+        self.capacity = capacity
+        self._built: OrderedDict[DatasetKey, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._built
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+    def get(self, key: DatasetKey) -> Any:
+        """The dataset of ``key``, built (and cached) on a miss."""
+        with self._lock:
+            if key in self._built:
+                self._built.move_to_end(key)
+                return self._built[key]
+            dataset = _build(*key)
+            self._built[key] = dataset
+            if len(self._built) > self.capacity:
+                self._built.popitem(last=False)
+            return dataset
+
+
+# Measured (reasoning-gym as pinned, one core of a shared 2-core VM): building a dataset takes < 0.1 ms
+# for chain_sum, basic_arithmetic, gcd and leg_counting, ~2 ms for letter_counting and 16-100 ms for
+# spell_backward (it reads a word list); the first build of a process also imports reasoning-gym
+# (~2.9 s). Verifying a group once its dataset is cached takes ~30 us (a built-in family's ~20 us).
+_DATASETS = DatasetCache(64)
+
+
+def _build(name: str, config: tuple[tuple[str, Any], ...], seed: int) -> Any:
     import reasoning_gym
 
     return reasoning_gym.create_dataset(name, seed=seed, size=_SIZE, **RG_SPECS[name][1], **dict(config))
+
+
+def _dataset(name: str, config: tuple[tuple[str, Any], ...], seed: int) -> Any:
+    """A reasoning-gym dataset (cached: creation can read word lists; bounded so memory stays flat)."""
+    return _DATASETS.get((name, config, seed))
 
 
 @functools.cache

@@ -216,21 +216,40 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return total, n_clipped, grad_norm
 
-    def step(self, groups: Sequence[TrainGroup]) -> dict[str, Any]:
-        """Train on ``groups``: drop zero-advantage groups, then ``num_iterations`` updates.
+    def within_context(self, groups: Sequence[TrainGroup]) -> tuple[list[TrainGroup], int]:
+        """Keep the groups whose every completion fits the model's context; count the others.
 
-        Old log-probs are fixed before the first update (under no_grad; with
+        Defence in depth: the node's acceptance policy already refuses peers'
+        groups that do not fit, but the trainer must never hand the model a
+        sequence past its position table (an IndexError in GPT-2), whatever
+        went wrong upstream. A whole group is skipped, not one completion, so
+        the group-normalised advantages of what is trained stay those of the group.
+        """
+        kept = [g for g in groups if all(self.policy.fits(c) for c in g.completions)]
+        skipped = len(groups) - len(kept)
+        if skipped:
+            logger.warning("skipped %d group(s) with a completion longer than the model's context", skipped)
+        return kept, skipped
+
+    def step(self, groups: Sequence[TrainGroup]) -> dict[str, Any]:
+        """Train on ``groups``: skip groups past the context, drop zero-advantage groups, then update.
+
+        Groups with a completion past the model's context are skipped and
+        counted (``n_too_long``, see :meth:`within_context`). Old log-probs
+        are fixed before the first update (under no_grad; with
         ``num_iterations == 1`` they equal the detached current ones, so no
         extra forward pass is made). Returns statistics: loss (last update),
-        n_groups (kept), n_dropped, n_completions, grad_norm (last update),
-        clip_frac (over all updates), mean_reward (all given groups), seconds.
+        n_groups (kept), n_dropped, n_too_long, n_completions, grad_norm (last
+        update), clip_frac (over all updates), mean_reward (all given groups), seconds.
         """
         t0 = time.perf_counter()
-        kept, dropped = drop_zero_advantage(groups)
+        fitting, too_long = self.within_context(groups)
+        kept, dropped = drop_zero_advantage(fitting)
         all_rewards = [r for g in groups for r in g.rewards]
         stats: dict[str, Any] = {
-            "loss": 0.0, "n_groups": len(kept), "n_dropped": dropped, "n_completions": 0, "grad_norm": 0.0,
-            "clip_frac": 0.0, "mean_reward": sum(all_rewards) / len(all_rewards) if all_rewards else 0.0,
+            "loss": 0.0, "n_groups": len(kept), "n_dropped": dropped, "n_too_long": too_long, "n_completions": 0,
+            "grad_norm": 0.0, "clip_frac": 0.0,
+            "mean_reward": sum(all_rewards) / len(all_rewards) if all_rewards else 0.0,
         }  # fmt: skip
         if kept:
             rows = self._rows(kept)

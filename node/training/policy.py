@@ -13,10 +13,13 @@ text-level rollout sharing.
 
 Prompts longer than the model's context are cut from the left so that prompt
 plus completion fit (``max_position_embeddings`` / ``n_positions``): a tiny
-model with 256 positions can still score a long reasoning-gym question that
-a peer shared. Weights stay float32; on a CUDA device with bfloat16 support
-forward passes run under ``torch.autocast(bfloat16)`` (float32 master weights,
-so a small learning rate is not rounded away as it would be in pure bf16).
+model with 256 positions can still score a long reasoning-gym question of its
+own. A completion that leaves no room for even one prompt token raises
+:class:`SequenceTooLong` (peers' groups that do not fit are refused earlier, by
+the node's acceptance policy, and the trainer skips any that get through).
+Weights stay float32; on a CUDA device with bfloat16 support forward passes
+run under ``torch.autocast(bfloat16)`` (float32 master weights, so a small
+learning rate is not rounded away as it would be in pure bf16).
 """
 
 from __future__ import annotations
@@ -60,6 +63,10 @@ class GenerationConfig:
     def help(cls) -> dict[str, str]:
         """Field name -> help text."""
         return {f.name: str(f.metadata.get("help", "")) for f in fields(cls)}
+
+
+class SequenceTooLong(ValueError):
+    """A completion that leaves no room for its prompt in the model's context (positions)."""
 
 
 def sample_next(logits: Tensor, cfg: GenerationConfig, generator: torch.Generator) -> Tensor:
@@ -163,6 +170,18 @@ class Policy:
         """Token ids of a completion, without special tokens, followed by eos."""
         return [*self.tokenizer(completion, add_special_tokens=False)["input_ids"], self.eos_id]
 
+    def count_completion_tokens(self, completion: str) -> int:
+        """Tokens of a completion's text (without the eos that :meth:`encode_completion` appends)."""
+        return len(self.tokenizer(completion, add_special_tokens=False)["input_ids"])
+
+    def count_prompt_tokens(self, prompt: str) -> int:
+        """Tokens of the prompt as the model sees it (chat template and special tokens included)."""
+        return len(self.encode_prompt(prompt))
+
+    def fits(self, completion: str) -> bool:
+        """Whether the completion (with eos) leaves room for at least one prompt token in the context."""
+        return self.max_length is None or len(self.encode_completion(completion)) < self.max_length
+
     def _pad(self, seqs: list[list[int]], left: bool) -> tuple[Tensor, Tensor]:
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
@@ -242,6 +261,10 @@ class Policy:
         if len(prompts) != len(completions) or not prompts:
             raise ValueError("need as many prompts as completions, at least one")
         c_seqs = [self.encode_completion(c) for c in completions]
+        if self.max_length is not None and max(len(c) for c in c_seqs) >= self.max_length:
+            # the prompt cut below keeps >= 1 token: past this the position table overflows (an
+            # IndexError in GPT-2's embedding); callers filter with fits(), this names the failure
+            raise SequenceTooLong(f"a completion of {max(len(c) for c in c_seqs)} tokens; context {self.max_length}")
         p_seqs = [self._fit(self.encode_prompt(p), len(c)) for p, c in zip(prompts, c_seqs, strict=True)]
         p_ids, p_mask = self._pad(p_seqs, left=True)
         c_ids, c_mask = self._pad(c_seqs, left=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import string
+from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
@@ -63,3 +64,19 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     )
     logger.debug("built character tokenizer with %d tokens", len(vocab))
     return tok
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token can decode to: the longest vocabulary entry, special tokens excluded.
+
+    Text of n tokens has at most ``n * max_token_chars`` characters, so a
+    longer text is over an n-token budget without being tokenised (the
+    acceptance policy's character pre-check). The entry's length is an upper
+    bound of its decoded length for the common vocabularies: one character per
+    byte in byte-level BPE (GPT-2, SmolLM2: 81), ``\u2581`` for a space in
+    SentencePiece, ``<0x0A>`` for one byte of fallback; 1 for
+    :func:`char_tokenizer`.
+    """
+    special = set(getattr(tokenizer, "all_special_tokens", ()))
+    longest = max((len(tok) for tok in tokenizer.get_vocab() if tok not in special), default=1)
+    return max(1, longest)

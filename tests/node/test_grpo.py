@@ -11,7 +11,7 @@ import torch
 from node.tasks.verify import TrainGroup
 from node.training.grpo import GRPOConfig, GRPOTrainer, LossNorm, drop_zero_advantage, group_advantages, grpo_loss
 from node.training.models import load_model
-from node.training.policy import Policy
+from node.training.policy import Policy, SequenceTooLong
 from protocol.schema import TaskRef
 
 REF = TaskRef.make("max", {"digits": 4}, 0, 0)
@@ -141,6 +141,24 @@ def test_trainer_skips_zero_advantage_batches() -> None:
     stats = GRPOTrainer(policy).step([_group([0.0] * 4), _group([1.0] * 4)])
     assert stats["n_groups"] == 0 and stats["n_dropped"] == 2 and stats["n_completions"] == 0
     assert all(torch.equal(a, b) for a, b in zip(before, _params(policy), strict=True))
+
+
+def test_trainer_skips_and_counts_groups_past_the_context_on_a_gpt2_position_table() -> None:
+    """A completion of 255+ tokens leaves no room in tiny-gpt2's 256 positions: skipped, never an IndexError."""
+    model, tok, model_id = load_model("tiny-gpt2", seed=0, device="cpu")
+    policy = Policy(model, tok, model_id)
+    assert policy.max_length == 256 and policy.fits("9" * 254) and not policy.fits("9" * 255)
+    too_long, fine = _group([1.0, 0.0], completions=["7", "9" * 1000]), _group([1.0, 0.0], completions=["7", "3"])
+    with pytest.raises(SequenceTooLong, match="1001 tokens; context 256"):
+        policy.token_logprobs([too_long.prompt] * 2, list(too_long.completions))
+    before = _params(policy)
+
+    stats = GRPOTrainer(policy).step([too_long, fine])
+
+    assert stats["n_too_long"] == 1 and stats["n_groups"] == 1 and stats["n_completions"] == 2
+    assert not all(torch.equal(a, b) for a, b in zip(before, _params(policy), strict=True))
+    only_long = GRPOTrainer(policy).step([too_long])
+    assert only_long["n_too_long"] == 1 and only_long["n_groups"] == 0
 
 
 def test_trainer_step_moves_probability_towards_rewarded_completion() -> None:

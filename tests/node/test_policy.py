@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from node.training.models import BUILTIN_MODELS, ModelNotFound, load_model
 from node.training.policy import GenerationConfig, Policy
-from node.training.tokenizer import CHARACTERS, char_tokenizer
+from node.training.tokenizer import CHARACTERS, char_tokenizer, max_token_chars
 from swarm.fingerprint import model_fingerprint
 
 PROMPTS = ["max 3941=", "a", "count7 37719="]
@@ -41,6 +41,15 @@ def test_char_tokenizer_round_trip_and_save(tmp_path: Path) -> None:
         again("x\ny 1", add_special_tokens=False)["input_ids"] == tok("x\ny 1", add_special_tokens=False)["input_ids"]
     )
     assert (again.pad_token_id, again.eos_token_id) == (tok.pad_token_id, tok.eos_token_id)
+
+
+def test_max_token_chars_bounds_the_characters_of_a_token_budget(policy: Policy) -> None:
+    tok = char_tokenizer()
+    assert max_token_chars(tok) == 1  # "<eos>" and the other special tokens do not count
+    text = "max 3941= count7 \n"
+    assert policy.count_completion_tokens(text) == len(text) <= 1 * len(text)
+    assert policy.count_prompt_tokens("max 1=") == len("max 1=") + 1  # <bos>
+    assert policy.count_completion_tokens("") == 0
 
 
 # --- models -----------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from node.tasks import reasoning_gym as rg
 from node.tasks.reasoning_gym import INSTRUCTION, RG_SPECS, RG_TASK_NAMES
 from node.tasks.registry import BadTaskConfig, TaskMix, UnknownTask, build_task, task_from_ref, task_names
 from node.tasks.verify import RejectReason, verify_external
@@ -70,3 +71,17 @@ def test_peer_group_is_rescored_locally() -> None:
     assert verdict.reward_mismatches == 2
     forged = RolloutGroup(item.ref, item.prompt + " ", completions, (1.0, 0.0, 0.0), "m")
     assert verify_external(forged).reason is RejectReason.PROMPT_MISMATCH
+
+
+def test_dataset_cache_is_bounded_and_says_what_a_seed_would_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = rg.DatasetCache(2)
+    monkeypatch.setattr(rg, "_DATASETS", cache)
+    fam = build_task("rg:chain_sum")  # builds (and caches) its seed-0 dataset to check the config
+    assert not fam.needs_build(0) and fam.needs_build(1) and len(cache) == 1
+    fam.item(1, 0)
+    fam.item(0, 0)  # seed 0 is now the most recent
+    fam.item(2, 0)  # evicts seed 1, the least recently used
+    assert len(cache) == 2 and fam.needs_build(1) and not fam.needs_build(0) and not fam.needs_build(2)
+    assert not build_task("max").needs_build(12345)  # a built-in item costs a hash and a few draws
+    with pytest.raises(ValueError, match="at least 1"):
+        rg.DatasetCache(0)

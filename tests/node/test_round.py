@@ -14,18 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import reasoning_gym
 import torch
 
 from node.core import checkpoint
 from node.core.checkpoint import CheckpointConfig
 from node.core.config import NodeConfig, NodeParts
+from node.core.ingest import IngestConfig
 from node.core.links import Links
 from node.core.node import Node
 from node.core.record import RoundRecord
 from node.observe.logs import CONTEXT
 from node.observe.metrics import read_events
+from node.tasks import reasoning_gym as rg
 from node.tasks.registry import UnknownTask, build_task, rollout_group
-from node.tasks.verify import RejectReason, verify_external
+from node.tasks.verify import RejectReason, TrainGroup, verify_external
 from node.training.device import params_digest
 from node.training.policy import GenerationConfig
 from protocol import Descriptor, RolloutBatch, RolloutGroup, short_id
@@ -52,7 +55,7 @@ class FakeClock:
 
 
 class FakeExchange:
-    """An in-process :class:`~node.core.links.Exchange`: records publishes, replays queued collects."""
+    """An in-process :class:`~node.core.links.Exchange`: records publishes and judgements, replays queued collects."""
 
     def __init__(self) -> None:
         self.round = 0
@@ -62,6 +65,8 @@ class FakeExchange:
         self.on_collect: Callable[[], None] | None = None
         self.closed = 0
         self.traffic = {"bytes_in": 1234, "bytes_out": 567}
+        self.judged: list[tuple[str, int, int, int]] = []  # (publisher, accepted, informative, refused)
+        self.banned = 0
 
     def publish(self, batch: RolloutBatch) -> object:
         self.published.append(batch)
@@ -75,6 +80,13 @@ class FakeExchange:
 
     def stats(self) -> dict[str, int]:
         return dict(self.traffic)
+
+    def judge(self, publisher: str, *, accepted: int, informative: int, refused: int) -> None:
+        self.judged.append((publisher, accepted, informative, refused))
+
+    def reputation_summary(self) -> dict[str, Any]:
+        tracked = len({j[0] for j in self.judged})
+        return {"tracked": tracked, "banned": self.banned, "bans_by_reason": {"refused content": self.banned}}
 
     def close(self) -> None:
         self.closed += 1
@@ -249,6 +261,8 @@ def test_plain_round_publishes_one_batch_and_writes_a_consistent_record(make_nod
     assert (record.fetch_failed, record.reward_mismatches, record.batches_from) == (0, 0, {})
     assert (record.external_peers, record.pool, record.peers_seen) == ({}, 0, 0)
     assert (record.bytes_in, record.bytes_out) == (1234, 567)
+    assert (record.banned_peers, record.task_builds, record.too_long_skipped) == (0, 0, 0)
+    assert h.exchange.judged == [] and record.ingest_s >= 0
     assert (record.loss is None) == (record.trained_groups == 0)
     assert (digest(node) != before) == (record.trained_groups > 0)
     assert record.round_s >= 0
@@ -300,6 +314,8 @@ def test_collect_counts_every_rejection_mismatch_and_failure(
     # rewards used are the local scores: the lying group counts (1, 0, 0, 0), never its claim
     assert any(r1.external_reward_mean == pytest.approx(v) for v in (5 / 12, 6 / 12))
     assert (r1.bytes_in, r1.bytes_out) == (1234, 567)
+    # the reputation hears what re-verification found, per publisher: only the wrong prompt is a fault
+    assert sorted(h.exchange.judged) == sorted([(p1, 3, 3, 1), (p2, 1, 1, 0)])
 
     # next round: nothing new arrives; the last pooled group is used, peers stay seen
     clock.now += 10
@@ -378,6 +394,97 @@ def test_only_zero_advantage_groups_train_nothing(
     assert digest(node) == before
     (event,) = metric_events(node, "round")
     assert event["loss"] is None and event["trained_groups"] == 0
+
+
+# ---- 4b. containment: hostile batches -----------------------------------------------------
+
+
+def hostile_groups(family_name: str, n: int, first_seed: int) -> list[RolloutGroup]:
+    """``n`` groups of ``family_name``, each of its own seed (an attacker's: made without the node's cache)."""
+    family = build_task(family_name)
+    groups = []
+    for k in range(n):
+        item = family.item(first_seed + k, 0)
+        comps = [item.answer, "x"]  # short enough for a tiny node's budget: exact_match reads the last line
+        groups.append(rollout_group(item, comps, [family.score(item, c) for c in comps], "tiny-s"))
+    return groups
+
+
+def long_groups() -> list[RolloutGroup]:
+    """Groups of our own family, each with one right answer and three 1,000-character wrong ones (signal)."""
+    groups = []
+    for i in range(4):
+        item = MAX.item(4242, i)
+        comps = [item.answer, "9" * 1000, "8" * 1000, "7" * 1000]
+        groups.append(rollout_group(item, comps, [MAX.score(item, c) for c in comps], "tiny-s"))
+    return groups
+
+
+def test_hostile_batches_neither_crash_nor_stall_a_round(
+    make_node: NodeMaker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 11's measured attacks against a tiny-gpt2 node (256 positions; it crashed on main).
+
+    One collect brings 1,000-character completions of the node's own family, 64
+    groups of a family it does not train (distinct seeds), 64 distinct seeds of
+    a reasoning-gym family it does train, and an honest batch.
+    """
+    long_p, foreign_p, seeds_p, honest_p = peer_ids(tmp_path, 4)
+    foreign = hostile_groups("rg:basic_arithmetic", 64, first_seed=10_000)
+    seeds = hostile_groups("rg:chain_sum", 64, first_seed=20_000)
+    monkeypatch.setattr(rg, "_DATASETS", rg.DatasetCache(64))  # the node has built none of the attacker's seeds
+    h = Harness()
+    parts = NodeParts(ingest=IngestConfig(max_ingest_s=600.0))  # counts decide here, not this machine's speed
+    node = make_node(h, parts, model="tiny-gpt2", tasks=("max", "rg:chain_sum"), external_groups=256, pool_capacity=256)
+    builds: list[str] = []
+    real_create = reasoning_gym.create_dataset
+
+    def counting(name: str, **kw: Any) -> Any:
+        builds.append(name)
+        return real_create(name, **kw)
+
+    monkeypatch.setattr(reasoning_gym, "create_dataset", counting)
+    batches = [(long_p, long_groups()), (foreign_p, foreign), (seeds_p, seeds), (honest_p, [informative(1)])]
+    h.exchange.queued.append(CollectResult([accepted(p, gs) for p, gs in batches], [], 4, 0.0))
+
+    r = node.run_round()
+
+    assert r is not None and r.round == 1  # no IndexError past the position table
+    quota = IngestConfig().max_groups_per_publisher  # 16 groups per publisher looked at, the rest refused unread
+    per_peer_builds = IngestConfig().max_task_builds_per_publisher  # 2
+    assert r.rejected_reasons == {
+        RejectReason.COMPLETION_TOO_LONG.value: 4,
+        RejectReason.FAMILY_NOT_ACCEPTED.value: quota,
+        RejectReason.BUILD_BUDGET.value: quota - per_peer_builds,
+        RejectReason.PUBLISHER_QUOTA.value: 2 * (64 - quota),
+    }
+    assert r.external_rejected == 4 + quota + (quota - per_peer_builds) + 2 * (64 - quota)
+    assert len(builds) == r.task_builds == per_peer_builds  # not 64 + 64 dataset builds
+    assert r.accepted_groups == per_peer_builds + 1 and r.external_groups == 3
+    assert r.too_long_skipped == 0 and r.trained_groups >= 3
+    assert sorted(h.exchange.judged) == sorted(
+        [(long_p, 0, 0, 0), (foreign_p, 0, 0, 0), (seeds_p, per_peer_builds, per_peer_builds, 0), (honest_p, 1, 1, 0)]
+    )
+    (event,) = metric_events(node, "round")
+    assert event["rejected_reasons"] == r.rejected_reasons and event["task_builds"] == per_peer_builds
+
+
+def test_the_trainer_skips_a_group_past_the_context_whatever_let_it_through(
+    make_node: NodeMaker, tmp_path: Path
+) -> None:
+    """Defence in depth: a pooled group with a 1,000-token completion (e.g. a bug upstream) is skipped, counted."""
+    h = Harness()
+    h.exchange.banned = 3
+    node = make_node(h, model="tiny-gpt2", external_groups=1)
+    item = MAX.item(5, 5)
+    comps = (item.answer, "9" * 1000)
+    node.pool.add([TrainGroup(item.prompt, comps, (1.0, 0.0), "peer", "max", item.ref)])
+
+    r = node.run_round()
+
+    assert r is not None and r.external_groups == 1 and r.too_long_skipped == 1
+    assert r.dropped_zero_adv + r.trained_groups + r.too_long_skipped == r.local_groups + 1
+    assert r.banned_peers == 3
 
 
 # ---- 5. abort paths ------------------------------------------------------------------------

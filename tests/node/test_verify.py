@@ -1,4 +1,5 @@
-"""verify_external: tampered prompts are refused, claimed rewards are counted and replaced."""
+"""verify_external without an acceptance policy (any registered family): tampered prompts are refused,
+claimed rewards are counted and replaced. The acceptance rules are in test_acceptance.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def _honest(name: str = "max") -> tuple[TaskItem, RolloutGroup]:
 
 def test_honest_group_is_accepted_with_local_rewards() -> None:
     item, group = _honest()
-    verdict = verify_external(group, {"max", "min"}, source_peer="peerA")
+    verdict = verify_external(group, source_peer="peerA")
     assert verdict.ok and verdict.reason is None and verdict.reward_mismatches == 0
     assert verdict.group is not None
     assert verdict.group.rewards == (1.0, 0.0, 1.0, 0.0)
@@ -46,16 +47,23 @@ def test_tampered_prompt_is_rejected() -> None:
 
 def test_bad_references_are_rejected() -> None:
     _, group = _honest()
-    unwanted = verify_external(group, {"parity"})
-    assert unwanted.group is None and unwanted.reason is RejectReason.UNKNOWN_FAMILY
     unknown = dataclasses.replace(group, task=TaskRef.make("chess", {}, 0, 0))
-    assert verify_external(unknown, None).group is None
+    v = verify_external(unknown, None)
+    assert v.group is None and v.reason is RejectReason.BAD_TASK_REFERENCE and "unknown task family" in v.detail
     bad_digest = dataclasses.replace(group, task=dataclasses.replace(group.task, config_digest="f" * 16))
     v = verify_external(bad_digest, None)
     assert v.reason is RejectReason.BAD_TASK_REFERENCE and "digest" in v.detail
     bad_cfg = dataclasses.replace(group, task=TaskRef.make("max", {"digits": 500}, 1, 7))
     v = verify_external(bad_cfg, None)
     assert v.reason is RejectReason.BAD_TASK_REFERENCE and "outside" in v.detail
+
+
+def test_bad_group_shape_is_rejected() -> None:
+    _, group = _honest()
+    short = dataclasses.replace(group, rewards=(1.0, 0.0))
+    assert verify_external(short).reason is RejectReason.BAD_GROUP_SHAPE
+    empty = dataclasses.replace(group, completions=(), rewards=())
+    assert verify_external(empty).reason is RejectReason.BAD_GROUP_SHAPE
 
 
 def test_local_group_scores_locally() -> None:
