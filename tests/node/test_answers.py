@@ -45,3 +45,19 @@ def test_exact_match_is_binary_and_exact() -> None:
     assert exact_match("<answer>800</answer>", "80") == 0.0  # no partial credit
     assert exact_match("80 legs", "80") == 0.0
     assert exact_match("Answer: tac", " tac ") == 1.0
+
+
+def test_tag_scan_matches_the_regex_it_replaces() -> None:
+    # the linear scan (a peer's "<answer>" * 2048 made the regex quadratic) finds exactly what the regex found
+    import random
+    import re
+
+    from node.tasks.answers import _tagged
+
+    regex = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
+    rng = random.Random(0)
+    parts = ["<answer>", "</answer>", "<ANSWER>", "</Answer>", "x", "12", " ", "\n", "İ"]
+    for _ in range(5000):
+        text = "".join(rng.choice(parts) for _ in range(rng.randrange(12)))
+        assert _tagged(text) == regex.findall(text), text
+    assert _tagged("<answer>" * 2048) == []
