@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,24 +33,8 @@ WARMUP_ROUNDS = 3  # first rounds: imports, first connections
 ATTACK_S = 75.0  # more than two 30 s DHT windows: flood and replay are refreshed into each
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of a process and all its descendants (node, DHT child, p2pd)."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.NoSuchProcess:
-            continue
-    return total
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by a process and its live descendants."""
+def _tree_sum(pid: int, measure: Callable[[psutil.Process], float]) -> float:
+    """``measure`` summed over a process and all its live descendants (node, DHT child, p2pd)."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -58,11 +43,20 @@ def tree_cpu_s(pid: int) -> float:
     total = 0.0
     for p in procs:
         try:
-            t = p.cpu_times()
-            total += t.user + t.system
+            total += measure(p)
         except psutil.NoSuchProcess:
             continue
     return total
+
+
+def tree_rss(pid: int) -> float:
+    """Resident bytes of a process tree."""
+    return _tree_sum(pid, lambda p: float(p.memory_info().rss))
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process tree."""
+    return _tree_sum(pid, lambda p: p.cpu_times().user + p.cpu_times().system)
 
 
 def rounds_between(n: NodeProc, t0: float, t1: float) -> list[dict[str, Any]]:
