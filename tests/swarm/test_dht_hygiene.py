@@ -23,9 +23,7 @@ import argparse
 import json
 import logging
 import os
-import queue
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -34,7 +32,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.procs import PYTHON, REPO, Proc, Procs
+from tests.procs import PYTHON, Procs
+from tests.swarm.workers import LineWorker
 
 SWARM = "hygiene"
 WINDOW_S = 4.0  # short windows, so the publishes below cross a few window boundaries
@@ -205,49 +204,22 @@ def main() -> None:
 # ---- the test side ----------------------------------------------------------------------------
 
 
-class Peer:
-    """One worker process of this file, driven by JSON lines."""
+class Peer(LineWorker):
+    """One worker process of this file (``--role honest`` or ``attacker``), driven by JSON lines."""
 
     def __init__(self, procs: Procs, name: str, role: str, initial_peer: str | None = None) -> None:
         cmd = [PYTHON, "-m", "tests.swarm.test_dht_hygiene", "--role", role]
         cmd += ["--identity", str(procs.root / f"{name}.key")]
         cmd += ["--initial-peer", initial_peer] if initial_peer else []
-        self.proc: Proc = procs.start(name, cmd, pipe=True, cwd=REPO)
-        self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.info: dict[str, Any] = {}
-
-    def _pump(self) -> None:
-        assert self.proc.popen.stdout is not None
-        for line in self.proc.popen.stdout:
-            if line.startswith("@@ "):
-                self._lines.put(line[3:])
-
-    def reply(self, timeout: float = 30.0) -> dict[str, Any]:
-        try:
-            return dict(json.loads(self._lines.get(timeout=timeout)))
-        except queue.Empty:
-            raise AssertionError(f"{self.proc.name} ({self.proc.status()}) silent:\n{self.proc.log_tail()}") from None
+        super().__init__(procs, name, cmd)
 
     def ready(self, timeout: float = 60.0) -> Peer:
-        self.info = self.reply(timeout)
+        self.wait_ready(timeout)
         return self
 
-    def send(self, **cmd: Any) -> None:
-        assert self.proc.popen.stdin is not None
-        self.proc.popen.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.popen.stdin.flush()
-
     def request(self, timeout: float = 30.0, **cmd: Any) -> dict[str, Any]:
-        self.send(**cmd)
-        return self.reply(timeout)
-
-    def quit(self) -> None:
-        """Ask the worker to leave; the reaping after it ends what is left."""
-        try:
-            self.send(cmd="quit")
-        except OSError:  # it died meanwhile: nothing to ask
-            pass
+        """As :meth:`LineWorker.request`, with room for stores that honest validators refuse slowly."""
+        return super().request(timeout, **cmd)
 
     def dht_rss(self) -> int:
         return int(psutil.Process(self.info["dht_pid"]).memory_info().rss)

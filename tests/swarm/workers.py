@@ -19,13 +19,10 @@ from tests.procs import PYTHON, Proc, Procs
 WORKER = Path(__file__).resolve().parent / "exchange_worker.py"
 
 
-class WorkerProc:
-    """One exchange node in a subprocess, driven by JSON lines."""
+class LineWorker:
+    """A worker process driven by JSON lines: commands on stdin, replies on stdout lines starting "@@ "."""
 
-    def __init__(self, procs: Procs, name: str, initial_peer: str | None = None, *extra: str) -> None:
-        cmd = [PYTHON, str(WORKER), "--identity", str(procs.root / f"{name}.key"), *extra]
-        if initial_peer:
-            cmd += ["--initial-peer", initial_peer]
+    def __init__(self, procs: Procs, name: str, cmd: list[str]) -> None:
         self.proc: Proc = procs.start(name, cmd, pipe=True)
         self._lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -40,14 +37,6 @@ class WorkerProc:
     def wait_ready(self, timeout: float = 30.0) -> dict[str, Any]:
         self.info = self.reply(timeout)
         return self.info
-
-    @property
-    def peer_id(self) -> str:
-        return str(self.info["peer_id"])
-
-    @property
-    def maddr(self) -> str:
-        return str(self.info["maddrs"][0])
 
     def reply(self, timeout: float = 20.0) -> dict[str, Any]:
         try:
@@ -80,6 +69,24 @@ class WorkerProc:
                 self.send(cmd="quit")
             except OSError:  # it died meanwhile: nothing to ask
                 pass
+
+
+class WorkerProc(LineWorker):
+    """One exchange node in a subprocess (tests/swarm/exchange_worker.py)."""
+
+    def __init__(self, procs: Procs, name: str, initial_peer: str | None = None, *extra: str) -> None:
+        cmd = [PYTHON, str(WORKER), "--identity", str(procs.root / f"{name}.key"), *extra]
+        if initial_peer:
+            cmd += ["--initial-peer", initial_peer]
+        super().__init__(procs, name, cmd)
+
+    @property
+    def peer_id(self) -> str:
+        return str(self.info["peer_id"])
+
+    @property
+    def maddr(self) -> str:
+        return str(self.info["maddrs"][0])
 
 
 def start_workers(
