@@ -29,7 +29,7 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
         rounds=opts.rounds,
         local_groups=opts.local_groups, external_groups=opts.external_groups, num_generations=opts.generations,
         sampling=opts.sampling, log_dir=opts.log_dir, device=opts.device, max_threads=opts.max_threads,
-        identity=opts.identity,
+        identity=opts.identity, overlap_network=not opts.wait_network, network_wait_s=opts.network_wait,
     )  # fmt: skip
     rec = recommended_defaults(opts.model)
     if opts.sync_every < 0:

@@ -42,6 +42,20 @@ class NodeConfig:
     pool_capacity: int = field(default=64, metadata={"help": "Most verified external groups kept waiting."})
     collect_limit: int = field(default=8, metadata={"help": "Most peer batches fetched per round."})
     share: bool = field(default=True, metadata={"help": "Publish local rollouts for other peers."})
+    overlap_network: bool = field(
+        default=True,
+        metadata={
+            "help": "Publish and collect on threads beside the rounds; off: each round waits for its own "
+            "publish and collect, however long they take."
+        },
+    )
+    network_wait_s: float = field(
+        default=0.05,
+        metadata={
+            "help": "Longest a round waits, after generating, for the collect it started; a slower collect "
+            "(a flooded DHT, slow peers) is ingested by a later round. Bounds what the network costs a round."
+        },
+    )
     log_dir: str = field(default="runs", metadata={"help": "Metrics go to <log_dir>/<peer-short-id>/."})
     device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or mps."})
     max_threads: int = field(default=0, metadata={"help": "CPU threads for torch; 0 leaves torch's default."})
@@ -62,6 +76,7 @@ class NodeConfig:
             ),
             (self.pool_capacity >= 1, f"pool_capacity={self.pool_capacity}; use at least 1"),
             (self.collect_limit >= 0, f"collect_limit={self.collect_limit}; use 0 or more"),
+            (0 <= self.network_wait_s <= 60, f"network_wait_s={self.network_wait_s}; use seconds in [0, 60]"),
             (self.device in DEVICES, f"device={self.device!r}; use one of {DEVICES}"),
             (self.max_threads >= 0, f"max_threads={self.max_threads}; use 0 (default) or a positive count"),
         ]

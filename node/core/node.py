@@ -1,7 +1,8 @@
 """The node: one SAPO round after another (generate, score, share, collect, verify, train).
 
-A round never waits for peers: ``collect`` returns whatever arrived by its
-deadline, and a node with no peers trains on its local groups alone.
+A round never waits for peers: publishing and collecting run on a thread
+beside the rounds (:mod:`node.core.network`), each round ingests the newest
+finished collect, and a node with no peers trains on its local groups alone.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from node.core import state as node_state
 from node.core.config import NodeConfig, NodeParts
 from node.core.ingest import ingest
 from node.core.links import Exchange, Links, LinksFactory, Sync, hivemind_links
+from node.core.network import CollectJob, NetworkWorker
 from node.core.pool import ExternalPool
 from node.core.record import Collected, RoundRecord, banned_count, mean
 from node.observe.logs import CONTEXT, PROGRESS
@@ -39,6 +41,9 @@ from swarm.identity import load_or_create
 
 logger = logging.getLogger(__name__)
 progress = logging.getLogger(PROGRESS)
+
+NETWORK_CLOSE_S = 5.0
+"""How long leaving waits for a publish or collect under way (it is bounded anyway; SIGTERM must exit in 30 s)."""
 
 
 class Node:
@@ -64,6 +69,7 @@ class Node:
         self.stop_event = threading.Event()
         self.links: Links | None = None
         self.exchange: Exchange | None = None
+        self.network: NetworkWorker | None = None
         self.pool: ExternalPool[TrainGroup] = ExternalPool(cfg.pool_capacity)
         self.sampler_rng = random.Random(cfg.seed)
         self._tag = "------"
@@ -96,6 +102,8 @@ class Node:
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
         self.links = self._links_factory(identity, self.parts, model, self.clock)
         self.exchange, self.sync = self.links.exchange, self.links.sync
+        if self.exchange is not None:
+            self.network = NetworkWorker(self.exchange, inline=not self.cfg.overlap_network)
         resumed = self._resume() if self.parts.checkpoint.resume else None
         self.metrics.write(
             "start",
@@ -158,13 +166,15 @@ class Node:
                 param_digest_start=self._digest_start,
                 param_digest_end=params_digest(self.policy.model),
             )
+        if self.network is not None:  # before the exchange it uses; a step under way is bounded by its own timeouts
+            self.network.close(timeout_s=NETWORK_CLOSE_S)
         if self.exchange is not None:
             self.exchange.close()
         if self.links is not None:
             self.links.leave()
         if self.metrics is not None:
             self.metrics.close()
-        self.sync, self.exchange, self.links, self.metrics = None, None, None, None
+        self.sync, self.exchange, self.links, self.metrics, self.network = None, None, None, None, None
 
     def _final_checkpoint(self) -> None:
         if not self.parts.checkpoint.every or self.round == self._checkpointed or self.round == 0:
@@ -200,21 +210,23 @@ class Node:
         CONTEXT.round = self.round
         t0 = time.monotonic()
         items = self.task_mix.sample(self.round, self.cfg.local_groups)
+        self._request_collect()
         local = self._generate_local(items)
+        t_gen = time.monotonic()
         if self.stop_event.is_set():
             self._abort_round("generation")
             return None
-        if self.cfg.share:
-            self._publish(local)
-        collected = self._collect()
+        collected = self._share_and_collect(local)
+        t_collect = time.monotonic()
         if self.stop_event.is_set():
             self._abort_round("collecting")
             return None
         external = self.pool.take(self.cfg.external_groups, self.cfg.sampling, self.sampler_rng)
         kept, n_dropped = drop_zero_advantage(local + external)
         stats = self.trainer.step(kept) if kept else {}
+        phases = (t_gen - t0, t_collect - t_gen, time.monotonic() - t_collect)
         sync = self._maybe_sync()
-        record = self._record(local, external, collected, n_dropped, stats, t0)
+        record = self._record(local, external, collected, n_dropped, stats, t0, phases)
         self._log_progress(record, sync)
         every = self.parts.checkpoint.every
         if every and self.round % every == 0:
@@ -229,8 +241,13 @@ class Node:
         dropped: int,
         stats: dict[str, Any],
         t0: float,
+        phases: tuple[float, float, float],
     ) -> RoundRecord:
-        """This round's record, also written as the ``round`` metrics event (``stats``: the trainer's, {} if none)."""
+        """This round's record, also written as the ``round`` metrics event.
+
+        ``stats`` is the trainer's ({} if none); ``phases`` the seconds spent
+        generating, sharing and collecting, and training.
+        """
         rewards = [r for g in local for r in g.rewards]
         traffic = self.exchange.stats() if self.exchange is not None else {}
         reputation = self.exchange.reputation_summary() if self.exchange is not None else {}
@@ -261,6 +278,10 @@ class Node:
             bytes_out=traffic.get("bytes_out", 0),
             loss=stats.get("loss") if trained else None,
             ingest_s=collected.ingest_s,
+            generate_s=phases[0],
+            share_s=phases[1],
+            train_s=phases[2],
+            collect_s=collected.collect_s,
             round_s=time.monotonic() - t0,
         )
         assert self.metrics is not None
@@ -313,29 +334,38 @@ class Node:
             for item, comps in zip(items, completions, strict=True)
         ]
 
-    def _publish(self, local: list[TrainGroup]) -> None:
-        assert self.exchange is not None
-        groups = tuple(
-            RolloutGroup(g.task_ref, g.prompt, g.completions, g.rewards, self.policy.model_id) for g in local
-        )
-        batch = RolloutBatch(self.peer_id, self.round, self.clock(), groups)
-        try:
-            self.exchange.publish(batch)
-        except Exception as e:  # network trouble skips sharing this round; training goes on
-            logger.warning("[%s r=%d] publish failed: %s", self._tag, self.round, e)
+    def _request_collect(self) -> None:
+        """Ask the network worker for peers' batches; the collect runs while this round generates."""
+        if self.network is None or self.cfg.isolated or self.cfg.collect_limit == 0:
+            return
+        since = self.clock() - self.parts.exchange.descriptor_ttl_s
+        self.network.request_collect(CollectJob(since=since, limit=self.cfg.collect_limit))
 
-    def _collect(self) -> Collected:
-        """Fetch new peer batches, re-verify every group locally, add the good ones to the pool."""
-        if self.cfg.isolated or self.cfg.collect_limit == 0:
+    def _share_and_collect(self, local: list[TrainGroup]) -> Collected:
+        """Hand this round's batch to the publisher; ingest the newest finished collect.
+
+        Waits for the collect under way at most ``network_wait_s`` (see :mod:`node.core.network`).
+        """
+        if self.network is None:
             return Collected()
         assert self.exchange is not None
         self.exchange.round = self.round
-        since = self.clock() - self.parts.exchange.descriptor_ttl_s
-        result = self.exchange.collect(since=since, limit=self.cfg.collect_limit)
+        if self.cfg.share:
+            self.network.publish(self._batch(local))
+        result = self.network.take(self.cfg.network_wait_s)
+        if result is None:
+            return Collected()
         collected = ingest(result, self.pool, self.peers_seen, self.acceptance, self.parts.ingest)
+        collected.collect_s = result.elapsed_s
         for peer, tally in collected.tallies.items():  # what re-verification found feeds the peer's reputation
             self.exchange.judge(peer, accepted=tally.accepted, informative=tally.informative, refused=tally.refused)
         return collected
+
+    def _batch(self, local: list[TrainGroup]) -> RolloutBatch:
+        groups = tuple(
+            RolloutGroup(g.task_ref, g.prompt, g.completions, g.rewards, self.policy.model_id) for g in local
+        )
+        return RolloutBatch(self.peer_id, self.round, self.clock(), groups)
 
     def _acceptance(self) -> Acceptance:
         """What this node takes from peers: its own families and configs, budget and context."""

@@ -80,6 +80,12 @@ class NodeOptions:
     temperature: float = option(1.0, "sampling temperature", inherit=True)
     lr: float | None = option(None, "learning rate (default: the model's: 1e-3 tiny, 2e-6 smollm2-135m)", inherit=True)
     sampling: str = option("uniform", "external group choice: uniform or advantage", inherit=True)
+    wait_network: bool = option(
+        False, "each round waits for its own publish and collect (default: they run beside the rounds)", inherit=True
+    )
+    network_wait: float = option(
+        0.05, "longest a round waits for the collect it started (s); a slower one is ingested later", inherit=True
+    )
     log_dir: str = option("runs", "metrics go to <log-dir>/<peer-short-id>/metrics.jsonl")
     device: str = option("auto", "auto, cpu, cuda or mps", inherit=True)
     max_threads: int = option(0, "cap torch CPU threads (0: torch default)")

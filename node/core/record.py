@@ -33,7 +33,8 @@ class Collected:
 
     ``tallies`` is keyed by full peer id; ``task_builds`` counts expensive task
     regenerations (new reasoning-gym datasets) that peers' groups caused;
-    ``ingest_s`` is the time spent re-verifying.
+    ``ingest_s`` is the time spent re-verifying; ``collect_s`` how long the
+    network took to collect them (None when no collect finished this round).
     """
 
     reasons: Counter[str] = field(default_factory=Counter)
@@ -44,6 +45,7 @@ class Collected:
     tallies: dict[str, PublisherTally] = field(default_factory=dict)
     task_builds: int = 0
     ingest_s: float = 0.0
+    collect_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,10 @@ class RoundRecord:
     bytes_out: int
     loss: float | None
     ingest_s: float
+    generate_s: float
+    share_s: float
+    train_s: float
+    collect_s: float | None
     round_s: float
 
     EVENT = "round"

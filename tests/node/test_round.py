@@ -8,6 +8,7 @@ that records what the node publishes and returns scripted
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -168,6 +169,7 @@ def make_node(tmp_path: Path, clock: FakeClock) -> Iterator[NodeMaker]:
             "identity": str(tmp_path / "node.key"),
             "device": "cpu",
             "max_threads": 1,
+            "overlap_network": False,  # scripted rounds: each round ingests its own collect (overlap: test_network)
             **overrides,
         }
         parts = parts or NodeParts()
@@ -340,7 +342,6 @@ def test_isolated_node_never_collects(make_node: NodeMaker, tmp_path: Path) -> N
     records = [node.run_round(), node.run_round()]
 
     assert h.exchange.collect_calls == [] and len(h.exchange.queued) == 1
-    assert h.exchange.round == 0  # the node never even prepared a collect
     assert [b.round for b in h.exchange.published] == [1, 2]  # it still shares
     for i, r in enumerate(records, start=1):
         assert r is not None and r.round == i
@@ -485,6 +486,38 @@ def test_the_trainer_skips_a_group_past_the_context_whatever_let_it_through(
     assert r is not None and r.external_groups == 1 and r.too_long_skipped == 1
     assert r.dropped_zero_adv + r.trained_groups + r.too_long_skipped == r.local_groups + 1
     assert r.banned_peers == 3
+
+
+def test_rounds_go_on_while_the_network_is_held_and_ingest_its_result_later(
+    make_node: NodeMaker, tmp_path: Path
+) -> None:
+    """With the network beside the rounds, a collect that takes seconds (a flooded DHT) costs a round its bound."""
+    h = Harness()
+    node = make_node(h, overlap_network=True, network_wait_s=0.05)
+    (p1,) = peer_ids(tmp_path, 1)
+    release, inside = threading.Event(), threading.Event()
+
+    def held() -> None:
+        inside.set()
+        release.wait(HELD_COLLECT_S)
+
+    h.exchange.on_collect = held
+    h.exchange.queued.append(CollectResult([accepted(p1, [informative(1)])], [], 1, 0.0))
+    first = node.run_round()
+    assert inside.wait(HELD_COLLECT_S)
+    second = node.run_round()  # the collect is still held
+    assert first is not None and second is not None
+    # inline (--wait-network) each of these rounds would take HELD_COLLECT_S
+    assert max(first.share_s, second.share_s) < HELD_COLLECT_S / 2
+    assert (first.accepted_groups, second.accepted_groups) == (0, 0)
+    release.set()
+    assert node.network is not None and node.network.wait_idle(HELD_COLLECT_S)
+    third = node.run_round()
+    assert third is not None and third.accepted_groups == 1 and third.batches_from == {short_id(p1): 1}
+    assert node.network.wait_idle(HELD_COLLECT_S) and [b.round for b in h.exchange.published] == [1, 2, 3]
+
+
+HELD_COLLECT_S = 5.0
 
 
 # ---- 5. abort paths ------------------------------------------------------------------------

@@ -1,0 +1,174 @@
+"""The network worker: a round asks for a collect, hands over its batch, and waits for neither past a bound."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from node.core.network import CollectJob, NetworkWorker
+from protocol import RolloutBatch
+from swarm.exchange import CollectResult
+
+HOLD_S = 10.0  # a held step is released by the test; this bound only keeps a broken test from hanging
+
+
+class HeldExchange:
+    """Publishes and collects that block until the test releases them, recording what ran."""
+
+    def __init__(self) -> None:
+        self.release_collect = threading.Event()
+        self.release_publish = threading.Event()
+        self.release_publish.set()
+        self.in_collect = threading.Semaphore(0)
+        self.in_publish = threading.Semaphore(0)
+        self.published: list[int] = []
+        self.collected: list[CollectJob] = []
+        self.fail_publish = False
+        self.fail_collect = False
+        self.round = 0
+
+    def publish(self, batch: RolloutBatch) -> object:
+        self.in_publish.release()
+        self.release_publish.wait(HOLD_S)
+        if self.fail_publish:
+            raise ConnectionError("DHT gone")
+        self.published.append(batch.round)
+        return None
+
+    def collect(self, since: float, limit: int) -> CollectResult:
+        self.collected.append(CollectJob(since, limit))
+        self.in_collect.release()
+        self.release_collect.wait(HOLD_S)
+        if self.fail_collect:
+            raise RuntimeError("a bug")
+        return CollectResult([], [], seen=len(self.collected), elapsed_s=0.0)
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+    def judge(self, publisher: str, **_: Any) -> None:
+        pass
+
+    def reputation_summary(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def batch(round_: int) -> RolloutBatch:
+    return RolloutBatch("peer", round_, 1000.0 + round_, ())
+
+
+@pytest.fixture
+def held() -> HeldExchange:
+    return HeldExchange()
+
+
+@pytest.fixture
+def worker(held: HeldExchange) -> Any:
+    w = NetworkWorker(held, max_pending=2)
+    yield w
+    held.release_collect.set()
+    held.release_publish.set()
+    assert w.close(HOLD_S)
+
+
+def inside_collect(ex: HeldExchange) -> None:
+    assert ex.in_collect.acquire(timeout=HOLD_S), "the worker never started a collect"
+
+
+def test_take_waits_at_most_its_bound_for_a_held_collect_and_a_later_take_gets_it(
+    held: HeldExchange, worker: NetworkWorker
+) -> None:
+    worker.request_collect(CollectJob(0.0, 8))
+    inside_collect(held)
+    t0 = time.monotonic()
+    assert worker.take(0.05) is None  # the collect is held: the round goes on without it
+    assert time.monotonic() - t0 < HOLD_S / 2
+    worker.request_collect(CollectJob(1.0, 8))  # queued behind the first result
+    held.release_collect.set()
+    first = worker.take(HOLD_S)
+    assert first is not None and first.seen == 1
+    second = worker.take(HOLD_S)  # the queued request ran once the first result was taken
+    assert second is not None and second.seen == 2
+    assert [j.since for j in held.collected] == [0.0, 1.0]
+
+
+def test_a_quick_collect_is_taken_by_the_round_that_asked(held: HeldExchange, worker: NetworkWorker) -> None:
+    held.release_collect.set()
+    worker.request_collect(CollectJob(0.0, 8))
+    result = worker.take(HOLD_S)
+    assert result is not None and result.seen == 1
+
+
+def test_take_returns_at_once_when_no_collect_is_coming(worker: NetworkWorker) -> None:
+    t0 = time.monotonic()
+    assert worker.take(HOLD_S) is None
+    assert time.monotonic() - t0 < HOLD_S / 2
+
+
+def test_a_held_publish_delays_neither_the_round_nor_the_collect(held: HeldExchange, worker: NetworkWorker) -> None:
+    held.release_publish.clear()
+    held.release_collect.set()
+    worker.publish(batch(1))
+    worker.request_collect(CollectJob(0.0, 8))
+    result = worker.take(HOLD_S)
+    assert result is not None and held.published == []  # collected while the publish is still held
+
+
+def test_a_publisher_far_behind_publishes_the_freshest_batches_and_counts_the_dropped(
+    held: HeldExchange, worker: NetworkWorker
+) -> None:
+    held.release_publish.clear()
+    worker.publish(batch(1))
+    assert held.in_publish.acquire(timeout=HOLD_S)  # batch 1 is held inside publish
+    for r in range(2, 7):
+        worker.publish(batch(r))
+    held.release_publish.set()
+    assert worker.wait_idle(HOLD_S)
+    assert held.published == [1, 5, 6] and worker.dropped_batches == 3  # of 2-6 the newest two waited
+
+
+def test_failures_are_logged_and_the_worker_goes_on(
+    held: HeldExchange, worker: NetworkWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    held.release_collect.set()
+    held.fail_publish = held.fail_collect = True
+    worker.publish(batch(1))
+    worker.request_collect(CollectJob(0.0, 8))
+    assert worker.wait_idle(HOLD_S)
+    assert worker.take(HOLD_S) is None  # the collect raised: nothing to ingest, and no wait for it
+    held.fail_publish = held.fail_collect = False
+    worker.publish(batch(2))
+    worker.request_collect(CollectJob(1.0, 8))
+    assert worker.take(HOLD_S) is not None
+    assert worker.wait_idle(HOLD_S) and held.published == [2]
+    assert "publish of round 1 failed" in caplog.text and "collect failed" in caplog.text
+
+
+def test_close_does_not_wait_past_its_timeout_for_a_stuck_step(held: HeldExchange) -> None:
+    w = NetworkWorker(held)
+    w.request_collect(CollectJob(0.0, 8))
+    inside_collect(held)
+    assert w.close(0.05) is False  # still inside collect: the node leaves anyway (daemon threads)
+    held.release_collect.set()
+    assert w.close(HOLD_S) is True
+
+
+def test_inline_publishes_then_collects_in_the_caller(held: HeldExchange) -> None:
+    held.release_collect.set()
+    w = NetworkWorker(held, inline=True)
+    w.request_collect(CollectJob(0.0, 8))
+    assert held.collected == []  # inline, the collect runs at take, after the publish
+    w.publish(batch(1))
+    result = w.take(0.0)
+    assert result is not None and held.published == [1] and w.close(0.0)
+
+
+def test_max_pending_must_be_positive(held: HeldExchange) -> None:
+    with pytest.raises(ValueError, match="use 1 or more"):
+        NetworkWorker(held, max_pending=0)
