@@ -50,7 +50,7 @@ class Offence(StrEnum):
 
 
 class Standing(StrEnum):
-    """How selection treats a publisher (see ``swarm.exchange.select_descriptors``)."""
+    """How selection treats a publisher (see ``swarm.selection.select_descriptors``)."""
 
     GOOD = "good"
     UNKNOWN = "unknown"

@@ -15,7 +15,7 @@ from typing import Any, cast
 import pytest
 from hivemind.p2p import PeerID
 
-import swarm.exchange
+import swarm.selection
 from protocol import Descriptor, SigningKey, open_descriptor, payload_digest, seal_batch, seal_descriptor
 from protocol.messages import DESCRIPTOR_KIND
 from protocol.signing import seal
@@ -489,7 +489,7 @@ def test_each_dht_entry_is_opened_once_across_collects(monkeypatch: pytest.Monke
         opens["n"] += 1
         return real(value)
 
-    monkeypatch.setattr(swarm.exchange, "open_descriptor", counting)
+    monkeypatch.setattr(swarm.selection, "open_descriptor", counting)
     keys = [SigningKey.generate() for _ in range(50)]
     entries: list[tuple[Any, Any]] = [_entry(k, NOW - 1, f"{i:064x}") for i, k in enumerate(keys)]
     entries.append((keys[0].peer_id, b"not a descriptor"))
