@@ -44,6 +44,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stop-file", default="")
     p.add_argument("--linger", type=float, default=30.0, help="keep serving state this long after training")
     p.add_argument("--fault", action="append", default=[], help="PHASE:REVISION:ACTION (stop|drop)")
+    p.add_argument("--aggregator", default="mean")
+    p.add_argument("--poison", default="", choices=["", "huge", "noise", "liar"], help="be a hostile member")
+    p.add_argument("--dump", action="store_true", help="add own pseudo-gradient and applied average to reports")
     return p.parse_args(argv)
 
 
@@ -82,7 +85,36 @@ def _sync_config(args: argparse.Namespace, cls: Any) -> Any:
         dht_timeout_s=d_s,
         state_timeout_s=s_s,
         poll_s=0.05,
+        aggregator=args.aggregator,
     )
+
+
+def _garbage(mode: str, n: int, seed: int) -> Any:
+    """What a hostile member sends: finite 1e30 everywhere, or Gaussian noise of norm ~1e6 per element."""
+    import torch
+
+    if mode == "huge":
+        return torch.full((n,), 1e30)
+    return 1e6 * torch.randn(n, generator=torch.Generator().manual_seed(seed))
+
+
+def _be_hostile() -> None:
+    """Make this process's reducer return huge noise for its slice (an attacker runs whatever code it likes)."""
+    import swarm.sync.allreduce as allreduce
+    from swarm.sync.robust import Reduced
+
+    def lying_reduce(parts: Any, own: Any, n: int, *rest: Any) -> Reduced:
+        return Reduced(_garbage("noise", n, n), {})
+
+    allreduce.reduce_slice = lying_reduce  # type: ignore[attr-defined,assignment]
+
+
+def _poison_model(sync: Any, model: Any, mode: str, step: int) -> None:
+    """Set the weights so that this member's pseudo-gradient (anchor - weights) is the garbage."""
+    from swarm.sync.tensors import load_flat
+
+    anchor = sync.state_dict()["anchor"]
+    load_flat(model, anchor - _garbage(mode, anchor.numel(), step))
 
 
 def _wait_file(path: str, timeout: float) -> None:
@@ -135,6 +167,8 @@ def main(argv: list[str]) -> int:
     )
     membership = _start_membership(Membership, load_or_create(args.identity), mcfg)
     sync = OuterSync(membership, model, cfg, hook=_hook(args.fault, out))
+    if args.poison == "liar":
+        _be_hostile()
     out.write(
         event="ready",
         peer=membership.peer_id,
@@ -154,9 +188,18 @@ def main(argv: list[str]) -> int:
         time.sleep(args.step_sleep)  # the simulated step time is the workload, not synchronisation
         encodings = args.compression.split(",")
         cfg.compression = encodings[(step // args.sync_every - 1) // args.rounds_per % len(encodings)]
+        if args.poison in ("huge", "noise") and step % args.sync_every == 0:
+            _poison_model(sync, model, args.poison, step)
+        before = sync.state_dict()
+        pseudo = before["anchor"] - torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         report = sync.maybe_sync(step)
         if report is not None:
-            out.write(**report.to_metrics(), step=step, compression=cfg.compression)
+            extra: dict[str, Any] = {}
+            if args.dump:  # the test recomputes the honest mean from these; g = m_new - mu * m_old
+                applied = sync.state_dict()["momentum"] - cfg.outer_momentum * before["momentum"]
+                extra = {"pseudo": pseudo.tolist(), "applied": applied.tolist()}
+                extra["anchor_finite"] = bool(torch.isfinite(sync.state_dict()["anchor"]).all())
+            out.write(**report.to_metrics(), step=step, compression=cfg.compression, **extra)
     out.write(event="done", peer=membership.peer_id, revision=sync.revision, state_hash=sync.state_hash)
     end = time.time() + args.linger  # serve state to late peers until the test's stop file (bounded)
     while time.time() < end and not (args.stop_file and Path(args.stop_file).exists()):

@@ -21,7 +21,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,7 +29,8 @@ from hivemind.p2p import P2P, PeerID
 
 from swarm.sync.config import SyncAborted
 from swarm.sync.errors import BadBytes, GroupMismatch
-from swarm.sync.tensors import decode, encode, encoded_size, from_bytes, reduce_parts, slice_bounds, to_bytes
+from swarm.sync.robust import Suspicion, reduce_slice
+from swarm.sync.tensors import decode, encode, encoded_size, from_bytes, slice_bounds, to_bytes
 from swarm.sync.tensors import state_hash as compute_state_hash
 from swarm.sync.wire import check_ok, read_header, read_payload, send_error, write_frame
 
@@ -51,6 +52,7 @@ class RoundPlan:
     aggregator: str
     trim_fraction: float
     deadline: float
+    clip_factor: float = 4.0
 
     def bounds(self) -> list[tuple[int, int]]:
         return slice_bounds(self.n_elems, len(self.members))
@@ -72,6 +74,8 @@ class AllReduceResult:
 
     slices: list[bytes]
     bytes_sent: int
+    flagged: dict[str, Suspicion] = field(default_factory=dict)
+    """Members whose parts this member, as reducer of its slice, clipped."""
 
 
 class _Round:
@@ -82,6 +86,7 @@ class _Round:
         lo, hi = plan.bounds()[index]
         self.n = hi - lo
         self.parts: dict[str, torch.Tensor | None] = {}
+        self.flagged: dict[str, Suspicion] = {}
         self.result: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.result.add_done_callback(lambda f: f.cancelled() or f.exception())
 
@@ -189,11 +194,19 @@ class SyncService:
         if len(rnd.parts) < len(rnd.plan.members) or rnd.result.done():
             return
         plan = rnd.plan
-        contributions = [t for p in plan.members if (t := rnd.parts[p]) is not None]
+        contributions = [(p, t) for p in plan.members if (t := rnd.parts[p]) is not None]
+        own = rnd.parts[self._me]
 
         def reduce_and_encode() -> bytes:
-            reduced = reduce_parts(contributions, rnd.n, plan.aggregator, plan.trim_fraction)
-            return encode(reduced, plan.compression)
+            reduced = reduce_slice(contributions, own, rnd.n, plan.aggregator, plan.trim_fraction, plan.clip_factor)
+            rnd.flagged.update(reduced.flagged)
+            for peer, why in reduced.flagged.items():
+                logger.warning(
+                    "[%s] r=%d slice %d: %s from %s (norm %.3g > bound %.3g)",
+                    *(self._me[-6:], plan.revision, rnd.index, why.value, peer),
+                    *(reduced.norms[peer], reduced.bound),
+                )
+            return encode(reduced.value, plan.compression)
 
         out = await asyncio.get_running_loop().run_in_executor(None, reduce_and_encode)
         self._call_hook("reduced", plan.revision)
@@ -254,7 +267,8 @@ class SyncService:
             raise SyncAborted("all-reduce timeout")
         slices = [t.result() for t in tasks]
         sent = sum(len(p) for j, p in enumerate(parts) if j != rnd.index)
-        return AllReduceResult(slices, sent + (len(plan.members) - 1) * len(slices[rnd.index]))
+        total = sent + (len(plan.members) - 1) * len(slices[rnd.index])
+        return AllReduceResult(slices, total, dict(rnd.flagged))
 
     async def _exchange(self, plan: RoundPlan, j: int, weight: int, part: bytes) -> bytes:
         if self._call_hook("send", plan.revision) == "drop":
@@ -280,7 +294,7 @@ class SyncService:
             writer.close()
 
     async def fetch_state(self, donor: str, n: int, timeout: float) -> Snapshot:
-        """Download and verify (recompute the hash of) ``donor``'s current state."""
+        """Download ``donor``'s current state; verify it hashes as announced and is finite."""
         end = self._clock() + timeout
         _, reader, writer = await asyncio.wait_for(
             self._p2p.call_binary_stream_handler(PeerID.from_base58(donor), self._name), self._chunk_timeout
@@ -298,8 +312,12 @@ class SyncService:
         def verify() -> Snapshot:
             anchor, momentum = from_bytes(payload[: 4 * n], n), from_bytes(payload[4 * n :], n)
             digest = compute_state_hash(anchor, momentum)
-            if digest != header.get("state_hash") or not isinstance(header.get("revision"), int):
+            revision = header.get("revision")
+            if digest != header.get("state_hash") or not isinstance(revision, int) or isinstance(revision, bool):
                 raise BadBytes("downloaded state does not match its hash")
-            return Snapshot(header["revision"], digest, anchor, momentum)
+            # a NaN or inf anchor would poison every later step (hash-valid bytes can still be garbage)
+            if not (bool(torch.isfinite(anchor).all()) and bool(torch.isfinite(momentum).all())):
+                raise BadBytes("downloaded state is not finite")
+            return Snapshot(revision, digest, anchor, momentum)
 
         return await asyncio.get_running_loop().run_in_executor(None, verify)

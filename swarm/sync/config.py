@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 COMPRESSIONS = ("none", "fp16", "int8")
-AGGREGATORS = ("mean", "trimmed_mean")
+AGGREGATORS = ("mean", "trimmed_mean", "median", "centered_clip")
 
 
 class SyncAborted(RuntimeError):
@@ -37,10 +37,30 @@ class OuterSyncConfig:
         default="none", metadata={"help": "Exchanged tensor encoding: none, fp16 or int8 (per-chunk scale)."}
     )
     aggregator: str = field(
-        default="mean", metadata={"help": "Slice reducer: mean, or trimmed_mean (robust to outliers)."}
+        default="mean",
+        metadata={
+            "help": "Slice reducer over the (norm-clipped) parts: mean, trimmed_mean, median (coordinate-wise) "
+            "or centered_clip (Karimireddy et al. 2021); the robust rules need 3+ parts, else the mean."
+        },
     )
     trim_fraction: float = field(
         default=0.2, metadata={"help": "Fraction trimmed from each end by trimmed_mean, in [0, 0.5)."}
+    )
+    clip_factor: float = field(
+        default=4.0,
+        metadata={
+            "help": "Norm bound on contributions: a reducer clips a part longer than clip_factor x the median "
+            "part norm of its slice (x its own part's norm with 2 parts), and a member votes abort on a "
+            "reduced slice longer than clip_factor x its own part. Higher tolerates more honest spread "
+            "but lets a poisoner move the average further; > 1."
+        },
+    )
+    suspect_ban_s: float = field(
+        default=600.0,
+        metadata={
+            "help": "Seconds this peer leaves out of its sync groups a member whose reduced slice failed the "
+            "check (non-finite or too large): a lying reducer would otherwise make every round abort."
+        },
     )
     matchmaking_timeout_s: float = field(
         default=5.0, metadata={"help": "Gather window: peers arriving within it form one group."}
@@ -64,6 +84,14 @@ class OuterSyncConfig:
     state_timeout_s: float = field(
         default=60.0, metadata={"help": "Bound on downloading the group's state when catching up."}
     )
+    max_state_shift: float = field(
+        default=1.0,
+        metadata={
+            "help": "Catch-up refuses a downloaded state whose anchor differs from this peer's own by more "
+            "than this x the norm of its own anchor (and whose momentum is over that / (1 - outer_momentum)). "
+            "Higher lets a peer far behind catch up; lower limits how far a hostile donor can move it; > 0."
+        },
+    )
     min_group_size: int = field(default=2, metadata={"help": "Fewest peers (self included) to sync with."})
     max_group_size: int = field(default=64, metadata={"help": "Most peers in one sync group."})
     poll_s: float = field(default=0.1, metadata={"help": "Interval between DHT polls while waiting."})
@@ -78,6 +106,8 @@ class OuterSyncConfig:
             raise ValueError(f"aggregator={self.aggregator!r}; use one of {', '.join(AGGREGATORS)}")
         if not 0.0 <= self.trim_fraction < 0.5:
             raise ValueError(f"trim_fraction={self.trim_fraction}; use a value in [0, 0.5), e.g. 0.2")
+        if not (math.isfinite(self.clip_factor) and self.clip_factor > 1.0):
+            raise ValueError(f"clip_factor={self.clip_factor}; use a finite number above 1 (typical: 2-10)")
         if not (math.isfinite(self.outer_lr) and self.outer_lr > 0):
             raise ValueError(f"outer_lr={self.outer_lr}; use a positive number (DiLoCo: 0.7)")
         if not 0.0 <= self.outer_momentum < 1.0:
@@ -91,6 +121,7 @@ class OuterSyncConfig:
             "state_timeout_s",
             "poll_s",
             "record_ttl_s",
+            "suspect_ban_s",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -100,6 +131,8 @@ class OuterSyncConfig:
                 f"allreduce_timeout_s={self.allreduce_timeout_s} < dht_timeout_s={self.dht_timeout_s}; "
                 "raise allreduce_timeout_s (the documented time bound assumes A >= d)"
             )
+        if not (math.isfinite(self.max_state_shift) and self.max_state_shift > 0):
+            raise ValueError(f"max_state_shift={self.max_state_shift}; use a positive number (default 1.0)")
         if self.min_group_size < 2:
             raise ValueError(f"min_group_size={self.min_group_size}; use at least 2 (yourself and a peer)")
         if self.max_group_size < self.min_group_size:
@@ -128,6 +161,8 @@ class SyncReport:
     caught_up: bool = False
     group_id: str = ""
     allreduce_s: float = 0.0
+    suspects: dict[str, str] = field(default_factory=dict)
+    """Members caught contributing garbage this round (peer -> reason): clipped parts, lying reducers."""
 
     def to_metrics(self) -> dict[str, Any]:
         """The ``{"event": "sync", ...}`` metrics record."""
@@ -145,4 +180,6 @@ class SyncReport:
             "caught_up": self.caught_up,
             "group_id": self.group_id,
             "allreduce_s": round(self.allreduce_s, 4),
+            "suspects": len(self.suspects),
+            "suspect_peers": dict(self.suspects),
         }

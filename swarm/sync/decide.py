@@ -17,8 +17,10 @@ different set computes a different group id and is refused by the others.
 
 from __future__ import annotations
 
+import enum
 import hashlib
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -114,6 +116,16 @@ def decide_commit(
     return CommitDecision(None, "pending")
 
 
+class CatchUpRefusal(enum.Enum):
+    """Why a reported or downloaded state was not adopted; the value is the logged text."""
+
+    UNVOUCHED = "claimed by no trusted peer"
+    OUTVOTED = "trusted peers hold another state"
+    OFF_TARGET = "donor served another state"
+    NOT_FINITE = "state not finite"
+    TOO_FAR = "state too far from own anchor"
+
+
 @dataclass(frozen=True)
 class CatchUp:
     """Download the state at (revision, state_hash) from one of ``donors`` (freshest first)."""
@@ -123,29 +135,107 @@ class CatchUp:
     donors: tuple[str, ...]
 
 
-def decide_catch_up(
-    state_records: Mapping[str, StateRecord], my_revision: int, my_hash: str, me: str = ""
-) -> CatchUp | None:
-    """Whether this peer must download the group's state before its next sync.
+class CatchUpDecision(NamedTuple):
+    """``target`` to download (or None), and every other peer's claim that was not followed, by peer."""
 
-    The target is the highest revision anyone (this peer included) reports,
-    and at that revision the hash most peers report (ties: smallest hash).
-    A peer behind the target, or at it with another hash, catches up; donors
-    are the other peers reporting exactly the target.
+    target: CatchUp | None
+    refused: dict[str, CatchUpRefusal]
+
+
+def _beats(state: tuple[int, str], vouchers: int, mine: tuple[int, str], stay: int) -> bool:
+    """Whether ``vouchers`` trusted peers at ``state`` outweigh the ``stay`` trusted peers at ``mine``."""
+    if state[0] > mine[0]:
+        return vouchers > stay
+    # same revision, another hash: this peer's own state counts too; ties go to the smaller hash
+    return vouchers > stay + 1 or (vouchers == stay + 1 and state[1] < mine[1])
+
+
+def decide_catch_up(
+    state_records: Mapping[str, StateRecord],
+    my_revision: int,
+    my_hash: str,
+    me: str,
+    trusted: Collection[str],
+    leaders: Collection[str] = (),
+) -> CatchUpDecision:
+    """Whether this peer must download another state before its next sync, and which.
+
+    Only ``trusted`` peers (those this peer committed a round with, or was told
+    to join through: SECURITY.md, "Outer sync") vouch for a state; any number
+    of other keys claiming any revision count for nothing, so a key minted for
+    the purpose cannot move this peer. A state ahead of this peer's revision is
+    followed if more trusted peers report it than report this peer's own
+    state; at the same revision another hash needs more than that plus this
+    peer itself (ties: the smaller hash). Among followable states the most
+    vouched wins, then the *lowest* revision: a peer never jumps further than
+    its trusted peers agree. Donors are every other peer reporting exactly
+    the target (the downloaded bytes are checked against the hash anyway).
+
+    ``leaders`` (a node with no history yet passes its bootstrap peers) are
+    followed at the same revision too, whatever the hash order, while no
+    trusted peer shares this peer's state: a newcomer joins the swarm it was
+    pointed at. Otherwise two nodes started apart with different weights,
+    the first one trusting no one, would never agree on a revision 0.
     """
     others = {p: r for p, r in state_records.items() if p != me}
-    target_rev = max([my_revision, *(r.revision for r in others.values())])
-    counts: dict[str, int] = {}
-    for r in others.values():
-        if r.revision == target_rev:
-            counts[r.state_hash] = counts.get(r.state_hash, 0) + 1
-    if my_revision == target_rev:
-        counts[my_hash] = counts.get(my_hash, 0) + 1
-    target_hash = min(counts, key=lambda h: (-counts[h], h))
-    if (my_revision, my_hash) == (target_rev, target_hash):
-        return None
+    mine = (my_revision, my_hash)
+    stay = sum(1 for p, r in others.items() if p in trusted and (r.revision, r.state_hash) == mine)
+    vouchers: dict[tuple[int, str], int] = {}
+    for p, r in others.items():
+        state = (r.revision, r.state_hash)
+        if p in trusted and state != mine and r.revision >= my_revision:
+            vouchers[state] = vouchers.get(state, 0) + 1
+    led = {(r.revision, r.state_hash) for p, r in others.items() if p in leaders and r.revision == my_revision}
+    followable = [s for s, n in vouchers.items() if _beats(s, n, mine, stay) or (s in led and stay == 0)]
+    best = min(followable, key=lambda s: (-vouchers[s], s), default=None)
+    refused = {
+        p: CatchUpRefusal.OUTVOTED if p in trusted else CatchUpRefusal.UNVOUCHED
+        for p, r in others.items()
+        if r.revision >= my_revision and (r.revision, r.state_hash) not in (mine, best)
+    }
+    if best is None:
+        return CatchUpDecision(None, refused)
     donors = sorted(
-        (p for p, r in others.items() if (r.revision, r.state_hash) == (target_rev, target_hash)),
+        (p for p, r in others.items() if (r.revision, r.state_hash) == best),
         key=lambda p: (-others[p].created, p),
     )
-    return CatchUp(target_rev, target_hash, tuple(donors))
+    return CatchUpDecision(CatchUp(best[0], best[1], tuple(donors)), refused)
+
+
+def peers_named_in(multiaddrs: Iterable[str]) -> frozenset[str]:
+    """The peer ids (``/p2p/<id>``) of the multiaddrs an operator told this node to join through.
+
+    >>> sorted(peers_named_in(["/ip4/1.2.3.4/tcp/5/p2p/12D3KooWA", "/ip4/1.2.3.4/tcp/6"]))
+    ['12D3KooWA']
+    """
+    out: set[str] = set()
+    for addr in multiaddrs:
+        parts = addr.split("/")
+        for i, part in enumerate(parts[:-1]):
+            if part == "p2p" and parts[i + 1]:
+                out.add(parts[i + 1])
+    return frozenset(out)
+
+
+def check_downloaded_state(
+    own_anchor_norm: float, shift_norm: float, momentum_norm: float, finite: bool, max_shift: float, momentum: float
+) -> CatchUpRefusal | None:
+    """Whether a downloaded (hash-verified) state is plausible for this peer to adopt.
+
+    It must be finite, its anchor within ``max_shift`` x this peer's own anchor
+    norm of that anchor (a relative bound: a late joiner of the same model
+    moves a fraction of its weights, a made-up model moves all of them), and
+    its outer momentum, which accumulates steps to about 1 / (1 - momentum)
+    of one, within that bound scaled the same way.
+
+    >>> check_downloaded_state(10.0, 2.0, 1.0, True, 1.0, 0.9) is None
+    True
+    >>> check_downloaded_state(10.0, 14.0, 1.0, True, 1.0, 0.9)
+    <CatchUpRefusal.TOO_FAR: 'state too far from own anchor'>
+    """
+    if not (finite and math.isfinite(shift_norm) and math.isfinite(momentum_norm)):
+        return CatchUpRefusal.NOT_FINITE
+    bound = max_shift * (own_anchor_norm + 1e-6)
+    if shift_norm > bound or momentum_norm > bound / (1.0 - momentum):
+        return CatchUpRefusal.TOO_FAR
+    return None

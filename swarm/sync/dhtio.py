@@ -64,6 +64,8 @@ class SyncRecords:
         self.revision = 0  # for log lines only
         self._reported: set[str] = set()
         self._published: tuple[int, str, float] = (-1, "", float("-inf"))
+        self.banned: dict[str, float] = {}
+        """peer -> time until which its join records are ignored (set by OuterSync for lying reducers)."""
 
     def _log(self, level: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s r=%d] " + msg, self.me[-6:], self.revision, *args)
@@ -147,9 +149,10 @@ class SyncRecords:
             ok = (r.fingerprint, r.revision, r.state_hash) == (fp, revision, state_hash)
             return None if ok else "other fingerprint, revision or state"
 
-        kept, rejected = open_records(self._get(key), JOIN_KIND, JoinRecord.from_wire, expect, self._clock())
+        now = self._clock()
+        kept, rejected = open_records(self._get(key), JOIN_KIND, JoinRecord.from_wire, expect, now)
         self._rejected(JOIN_KIND, rejected)
-        return kept
+        return {p: r for p, r in kept.items() if self.banned.get(p, float("-inf")) <= now}
 
     def _join(self, key: str, revision: int, state_hash: str, window: float) -> JoinRecord:
         record = JoinRecord(self.me, self.fingerprint, revision, state_hash, float(window), float(self._clock()))

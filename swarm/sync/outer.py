@@ -3,10 +3,13 @@
 One round, on every member (M, A, C, S, d = matchmaking_timeout_s,
 allreduce_timeout_s, commit_timeout_s, state_timeout_s, dht_timeout_s):
 
-1. Catch-up: read the state records of this architecture; if this peer is
-   behind the highest revision or off the majority hash there, download
+1. Catch-up: read the state records of this architecture; if more trusted
+   peers (round partners, peers named to join through) report a newer state
+   (or another hash at this revision) than report this peer's own, download
    (anchor, momentum, revision) from a peer at the target, verify the hash,
-   and reset the model to the anchor (:func:`decide_catch_up`).
+   that it is finite and plausibly close to this peer's own anchor, and
+   reset the model to the anchor (:func:`decide_catch_up`,
+   :func:`check_downloaded_state`). Keys that are not trusted vouch nothing.
 2. Matchmaking: signed join records under (fingerprint, revision, state
    hash), so only peers sharing the same history meet; a gather window
    opened at ``w`` closes at ``w + M`` (:func:`decide_group`). Group id =
@@ -46,8 +49,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,13 +61,38 @@ from swarm.fingerprint import model_fingerprint
 from swarm.membership import Membership
 from swarm.sync.allreduce import Hook, RoundPlan, Snapshot, SyncService
 from swarm.sync.config import OuterSyncConfig, SyncAborted, SyncReport
-from swarm.sync.decide import GroupDecision, decide_catch_up
+from swarm.sync.decide import (
+    CatchUp,
+    CatchUpRefusal,
+    GroupDecision,
+    check_downloaded_state,
+    decide_catch_up,
+    peers_named_in,
+)
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.records import ABORT_DIGEST
+from swarm.sync.robust import Suspicion, check_slice, check_step, max_step, norm
 from swarm.sync.tensors import decode, flatten, load_flat, outer_step, state_hash
 
 logger = logging.getLogger(__name__)
+
+MAX_PARTNERS = 1024
+"""Most recent round partners remembered as trusted for catch-up (bounded memory)."""
+
+
+@dataclass(frozen=True)
+class _Assembled:
+    """What this member assembled from one all-reduce, and what it caught on the way."""
+
+    average: torch.Tensor
+    digest: str
+    sent: int
+    pseudo: torch.Tensor | None
+    """This member's own contribution (None when it sent weight 0)."""
+    suspects: dict[str, Suspicion]
+    refusal: Suspicion | None
+    """Set when a reduced slice failed :func:`check_slice`: this member must vote abort."""
 
 
 class OuterSync:
@@ -102,6 +132,13 @@ class OuterSync:
         )
         membership.run(self._service.start(), cfg.dht_timeout_s)
         self._closed = False
+        # whom catch-up believes (SECURITY.md, "Outer sync"): peers named to join through, and
+        # the members of every round this peer committed (most recent last, at most MAX_PARTNERS)
+        self._bootstrap = peers_named_in(membership.cfg.initial_peers)
+        self._partners: dict[str, None] = {}
+        self._group: tuple[int, tuple[str, ...]] = (-1, ())
+        self.catch_up_refusals: dict[CatchUpRefusal, int] = {}
+        self._reported_refusals: set[tuple[str, CatchUpRefusal]] = set()
         self._records.publish_state(self._snap.revision, self._snap.state_hash)
         self._log(logging.INFO, "outer sync ready: fingerprint %s, %d parameters", self.fingerprint, anchor.numel())
 
@@ -176,11 +213,27 @@ class OuterSync:
 
     # ---- catch-up -----------------------------------------------------------------------------
 
+    def trusted(self) -> frozenset[str]:
+        """Peers whose state records may move this one (see :func:`decide_catch_up`)."""
+        return self._bootstrap | frozenset(self._partners)
+
+    def _refused(self, peer: str, reason: CatchUpRefusal) -> None:
+        """Count a refused claim or state; WARNING once per (peer, reason), DEBUG after."""
+        self.catch_up_refusals[reason] = self.catch_up_refusals.get(reason, 0) + 1
+        new = (peer, reason) not in self._reported_refusals
+        if new and len(self._reported_refusals) < 4096:
+            self._reported_refusals.add((peer, reason))
+        self._log(logging.WARNING if new else logging.DEBUG, "catch-up refused %s: %s", peer[-6:], reason.value)
+
     def _maybe_catch_up(self) -> bool:
         snap = self._snap
         self._records.refresh_state(snap.revision, snap.state_hash)
         states = self._records.read_states()
-        target = decide_catch_up(states, snap.revision, snap.state_hash, self.peer_id)
+        leaders = self._bootstrap if self._newcomer() else frozenset()
+        decision = decide_catch_up(states, snap.revision, snap.state_hash, self.peer_id, self.trusted(), leaders)
+        for peer, reason in decision.refused.items():
+            self._refused(peer, reason)
+        target = decision.target
         if target is None:
             return False
         self._log(logging.INFO, "behind or diverged: catching up to r=%d %s", target.revision, target.state_hash[:8])
@@ -194,17 +247,52 @@ class OuterSync:
             except Exception as e:
                 self._log(logging.WARNING, "state download from %s failed: %s", donor[-6:], e)
                 continue
-            if got.revision < target.revision or (
-                got.revision == target.revision and got.state_hash != target.state_hash
-            ):
-                self._log(logging.WARNING, "donor %s moved off the target; trying another", donor[-6:])
+            refusal = self._judge(got, target)
+            if refusal is CatchUpRefusal.OFF_TARGET:
+                self._refused(donor, refusal)
                 continue
-            self._install(got)
+            if refusal is not None:  # the target's bytes themselves are implausible: every donor serves them
+                self._refused(donor, refusal)
+                raise StateDownloadFailed(f"target state refused: {refusal.value}")
+            self._install(got, caught_up=True)
             self._log(logging.INFO, "caught up from %s: %s", donor[-6:], got.state_hash[:8])
             return True
         raise StateDownloadFailed("no donor served the target state")
 
-    def _install(self, snap: Snapshot) -> None:
+    def _newcomer(self) -> bool:
+        """No history yet: revision 0 and no round committed. Its anchor is only its own initialisation."""
+        return self._snap.revision == 0 and not self._partners
+
+    def _judge(self, got: Snapshot, target: CatchUp) -> CatchUpRefusal | None:
+        """Exactly the target, finite, and plausibly close to this peer's own anchor (else why not).
+
+        A newcomer takes its bootstrap peers' state at any distance: its own
+        weights may be another seed's initialisation, or a group that trained
+        for hours moved far from them; it trusts whom it was told to join.
+        """
+        if (got.revision, got.state_hash) != (target.revision, target.state_hash):
+            return CatchUpRefusal.OFF_TARGET
+        if self._newcomer() and set(target.donors) & self._bootstrap:
+            finite = bool(torch.isfinite(got.anchor).all()) and bool(torch.isfinite(got.momentum).all())
+            return None if finite else CatchUpRefusal.NOT_FINITE
+        own = self._snap.anchor
+        finite = bool(torch.isfinite(got.anchor).all()) and bool(torch.isfinite(got.momentum).all())
+        shift = float(torch.linalg.vector_norm(got.anchor - own)) if finite else math.inf
+        momentum = float(torch.linalg.vector_norm(got.momentum)) if finite else math.inf
+        own_norm = float(torch.linalg.vector_norm(own))
+        return check_downloaded_state(
+            own_norm, shift, momentum, finite, self.cfg.max_state_shift, self.cfg.outer_momentum
+        )
+
+    def _install(self, snap: Snapshot, caught_up: bool = False) -> None:
+        if not caught_up and snap.revision == self._group[0] + 1:
+            # a commit of the round just planned: its members are now partners this peer can check
+            for peer in self._group[1]:
+                if peer != self.peer_id:
+                    self._partners.pop(peer, None)
+                    self._partners[peer] = None
+            while len(self._partners) > MAX_PARTNERS:
+                del self._partners[next(iter(self._partners))]
         self._snap = snap
         load_flat(self.module, snap.anchor)
         self._records.publish_state(snap.revision, snap.state_hash)
@@ -223,23 +311,48 @@ class OuterSync:
         deadline = plan.deadline + self.cfg.commit_timeout_s
         t_ar = self._clock()
         try:
-            average, digest, sent = self._allreduce(plan, snap, weight)
+            got = self._allreduce(plan, snap, weight)
         except SyncAborted as e:
             self._records.vote(plan, ABORT_DIGEST)
             self._log(logging.WARNING, "all-reduce failed: %s; discarding the round", e.reason)
             return self._report(t0, False, len(plan.members), e.reason, 0, caught_up, plan.group_id)
         allreduce_s = self._clock() - t_ar
-        self._records.vote(plan, digest)
+        # checked BEFORE voting, so a bad average makes this member vote abort and nobody applies it
+        new, step_problem = self._outer_step(snap, got)
+        refusal = got.refusal or step_problem
+        self._records.vote(plan, ABORT_DIGEST if refusal is not None else got.digest)
         if self._hook is not None:
             self._hook("voted", snap.revision)
+        if refusal is not None:
+            reason = f"refused: {refusal.value}"
+            self._log(logging.WARNING, "%s; voted abort", reason)
+            return self._suspect_report(t0, plan, reason, got, caught_up)
         verdict = self._records.await_commit(plan, deadline)
         if not verdict.commit:
             self._log(logging.WARNING, "not committed: %s; keeping local weights", verdict.reason)
-            return self._report(t0, False, len(plan.members), verdict.reason, sent, caught_up, plan.group_id)
-        self._apply(average)
+            return self._suspect_report(t0, plan, verdict.reason, got, caught_up)
+        self._install(new)
         self._log(logging.INFO, "committed group %s: state %s", plan.group_id[:8], self._snap.state_hash[:8])
-        report = self._report(t0, True, len(plan.members), "committed", sent, caught_up, plan.group_id)
+        report = self._suspect_report(t0, plan, "committed", got, caught_up)
         report.allreduce_s = allreduce_s
+        return report
+
+    def _suspect_report(self, t0: float, plan: RoundPlan, reason: str, got: _Assembled, caught_up: bool) -> SyncReport:
+        committed = reason == "committed"
+        report = self._report(t0, committed, len(plan.members), reason, got.sent, caught_up, plan.group_id)
+        report.suspects = {peer: why.value for peer, why in got.suspects.items()}
+        # A lying reducer makes every round it is in abort, so leave it out of the next groups.
+        # Clipped parts are not banned: clipping already bounds them, and an honest member near the
+        # bound may be clipped by one reducer only, and one-sided bans split the group.
+        now = self._clock()
+        until = now + self.cfg.suspect_ban_s
+        banned = self._records.banned
+        for peer in [p for p, t in banned.items() if t <= now]:
+            del banned[peer]
+        for peer, why in got.suspects.items():
+            if why in (Suspicion.REDUCED_NOT_FINITE, Suspicion.REDUCED_TOO_LARGE):
+                self._log(logging.WARNING, "leaving %s out of sync groups for %.0f s", peer, self.cfg.suspect_ban_s)
+                banned[peer] = until
         return report
 
     def _plan(self, decision: GroupDecision, snap: Snapshot) -> RoundPlan:
@@ -253,12 +366,14 @@ class OuterSync:
             cfg.aggregator,
             cfg.trim_fraction,
             decision.window_start + cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s,
+            cfg.clip_factor,
         )
+        self._group = (plan.revision, plan.members)  # trusted as partners if this round commits
         short = [m[-6:] for m in plan.members]
         self._log(logging.INFO, "group %s of %d: %s", plan.group_id[:8], len(plan.members), short)
         return plan
 
-    def _allreduce(self, plan: RoundPlan, snap: Snapshot, weight: int) -> tuple[torch.Tensor, str, int]:
+    def _allreduce(self, plan: RoundPlan, snap: Snapshot, weight: int) -> _Assembled:
         pseudo = snap.anchor - flatten(self.module)
         timeout = max(0.1, plan.deadline - self._clock()) + 2.0
         try:
@@ -267,17 +382,35 @@ class OuterSync:
             raise SyncAborted("all-reduce timeout") from None
         h = hashlib.sha256(f"{plan.group_id}|{plan.revision}|{plan.compression}".encode())
         pieces = []
-        for (lo, hi), data in zip(plan.bounds(), result.slices, strict=True):
+        suspects: dict[str, Suspicion] = dict(result.flagged)
+        refusal: Suspicion | None = None
+        for j, ((lo, hi), data) in enumerate(zip(plan.bounds(), result.slices, strict=True)):
             h.update(hashlib.sha256(data).digest())
-            pieces.append(decode(data, hi - lo, plan.compression))
-        return torch.cat(pieces), h.hexdigest(), result.bytes_sent
+            piece = decode(data, hi - lo, plan.compression)
+            problem = check_slice(piece, pseudo[lo:hi] if weight else None, plan.clip_factor)
+            if problem is not None:
+                # the reducer of slice j returned an implausible average: name it, and refuse the round
+                suspects[plan.members[j]] = problem
+                refusal = problem
+            pieces.append(piece)
+        for peer, why in suspects.items():
+            self._log(logging.WARNING, "suspect %s in group %s: %s", peer, plan.group_id[:8], why.value)
+        own = pseudo if weight else None
+        return _Assembled(torch.cat(pieces), h.hexdigest(), result.bytes_sent, own, suspects, refusal)
 
-    def _apply(self, average: torch.Tensor) -> None:
-        snap, cfg = self._snap, self.cfg
-        anchor, momentum = outer_step(
-            snap.anchor, snap.momentum, average, cfg.outer_lr, cfg.outer_momentum, cfg.nesterov
-        )
-        self._install(Snapshot(snap.revision + 1, state_hash(anchor, momentum), anchor, momentum))
+    def _outer_step(self, snap: Snapshot, got: _Assembled) -> tuple[Snapshot, Suspicion | None]:
+        """The state after applying ``got.average`` (not installed here), and why not to apply it, if so."""
+        cfg = self.cfg
+        mu = cfg.outer_momentum
+        anchor, momentum = outer_step(snap.anchor, snap.momentum, got.average, cfg.outer_lr, mu, cfg.nesterov)
+        bound = None
+        if got.pseudo is not None:
+            own, m = norm(got.pseudo), norm(snap.momentum)
+            bound = max_step(own, m, cfg.outer_lr, mu, cfg.nesterov, cfg.clip_factor)
+        problem = check_step(snap.anchor, anchor, momentum, bound)
+        if problem is not None:
+            self._log(logging.WARNING, "outer step refused (%s): bound %s", problem.value, bound)
+        return Snapshot(snap.revision + 1, state_hash(anchor, momentum), anchor, momentum), problem
 
     def close(self) -> None:
         """Stop serving (bounded by ``dht_timeout_s``); idempotent."""

@@ -14,6 +14,7 @@ import torch
 
 from swarm.sync.config import COMPRESSIONS
 from swarm.sync.errors import BadBytes
+from swarm.sync.robust import aggregate
 
 INT8_CHUNK = 4096
 """Elements sharing one float32 scale under int8 compression."""
@@ -90,18 +91,8 @@ def decode(data: bytes, n: int, compression: str) -> torch.Tensor:
 
 
 def reduce_parts(parts: list[torch.Tensor], n: int, aggregator: str, trim_fraction: float) -> torch.Tensor:
-    """Mean (or trimmed mean) of equal-length parts; zeros when there are none."""
-    if not parts:
-        return torch.zeros(n, dtype=torch.float32)
-    if aggregator == "trimmed_mean" and len(parts) >= 3:
-        k = min(int(len(parts) * trim_fraction), (len(parts) - 1) // 2)
-        if k > 0:
-            ordered = torch.stack(parts).sort(dim=0).values
-            return ordered[k : len(parts) - k].mean(dim=0)
-    acc = parts[0].clone()
-    for p in parts[1:]:
-        acc += p
-    return acc / float(len(parts))
+    """Combine equal-length parts with ``aggregator`` (no norm clipping; see :mod:`swarm.sync.robust`)."""
+    return aggregate(parts, n, aggregator, trim_fraction)
 
 
 def state_hash(anchor: torch.Tensor, momentum: torch.Tensor) -> str:
@@ -155,7 +146,8 @@ def outer_step(
     """
     g = grad.numpy()
     mu32, lr32 = np.float32(mu), np.float32(lr)
-    m = np.add(np.multiply(momentum.numpy(), mu32), g)
-    update = np.add(g, np.multiply(m, mu32)) if nesterov else m
-    new_anchor = np.subtract(anchor.numpy(), np.multiply(update, lr32))
+    with np.errstate(over="ignore"):  # an overflow gives inf, which the caller's step check refuses
+        m = np.add(np.multiply(momentum.numpy(), mu32), g)
+        update = np.add(g, np.multiply(m, mu32)) if nesterov else m
+        new_anchor = np.subtract(anchor.numpy(), np.multiply(update, lr32))
     return torch.from_numpy(new_anchor), torch.from_numpy(m)

@@ -37,6 +37,7 @@ from swarm.sync.tensors import (
 
 FP, H0, H1 = "0123456789abcdef", "a" * 64, "b" * 64
 CFG = OuterSyncConfig(matchmaking_timeout_s=4.0, min_group_size=2, max_group_size=3)
+ALL = frozenset("abcde")  # every peer of these tests is trusted (trust itself: tests/swarm/test_sync_catchup.py)
 
 
 def _join(peer: str, window: float, revision: int = 0) -> JoinRecord:
@@ -111,9 +112,9 @@ def test_decide_commit(votes: dict[str, str], now: float, expected: tuple[bool |
 
 
 def test_up_to_date_or_ahead_needs_no_catch_up() -> None:
-    assert decide_catch_up({"b": _state("b", 3, H0)}, 3, H0, "a") is None
-    assert decide_catch_up({"b": _state("b", 2, H1)}, 3, H0, "a") is None
-    assert decide_catch_up({}, 0, H0, "a") is None
+    assert decide_catch_up({"b": _state("b", 3, H0)}, 3, H0, "a", ALL).target is None
+    assert decide_catch_up({"b": _state("b", 2, H1)}, 3, H0, "a", ALL).target is None
+    assert decide_catch_up({}, 0, H0, "a", ALL).target is None
 
 
 def test_behind_catches_up_to_the_newest_majority() -> None:
@@ -123,22 +124,22 @@ def test_behind_catches_up_to_the_newest_majority() -> None:
         "d": _state("d", 5, H0),
         "e": _state("e", 4, H0),
     }
-    target = decide_catch_up(states, 2, H0, "a")
+    target = decide_catch_up(states, 2, H0, "a", ALL).target
     assert target is not None
     assert (target.revision, target.state_hash, target.donors) == (5, H1, ("c", "b"))
 
 
 def test_diverged_peer_at_the_same_revision_catches_up_and_ties_break_by_hash() -> None:
-    target = decide_catch_up({"b": _state("b", 3, H1), "c": _state("c", 3, H1)}, 3, H0, "a")
+    target = decide_catch_up({"b": _state("b", 3, H1), "c": _state("c", 3, H1)}, 3, H0, "a", ALL).target
     assert target is not None and target.state_hash == H1
     # one against one: the smaller hash wins, so exactly one of the two moves
-    assert decide_catch_up({"b": _state("b", 3, H1)}, 3, H0, "a") is None
-    tie = decide_catch_up({"a": _state("a", 3, H0)}, 3, H1, "b")
+    assert decide_catch_up({"b": _state("b", 3, H1)}, 3, H0, "a", ALL).target is None
+    tie = decide_catch_up({"a": _state("a", 3, H0)}, 3, H1, "b", ALL).target
     assert tie is not None and tie.state_hash == H0 and tie.donors == ("a",)
 
 
 def test_own_stale_record_is_not_a_donor() -> None:
-    target = decide_catch_up({"a": _state("a", 9, H1), "b": _state("b", 4, H1)}, 2, H0, "a")
+    target = decide_catch_up({"a": _state("a", 9, H1), "b": _state("b", 4, H1)}, 2, H0, "a", ALL).target
     assert target is not None and target.revision == 4 and target.donors == ("b",)
 
 
@@ -230,7 +231,7 @@ def test_model_fingerprint_follows_names_shapes_and_dtypes() -> None:
         ({"outer_momentum": 1.0}, "[0, 1)"),
         ({"commit_timeout_s": 0.0}, "commit_timeout_s=0.0"),
         ({"min_group_size": 1}, "at least 2"),
-        ({"aggregator": "median"}, "mean, trimmed_mean"),
+        ({"aggregator": "krum"}, "mean, trimmed_mean"),
     ],
 )
 def test_config_validation_names_the_value_and_the_fix(kwargs: dict[str, object], fragment: str) -> None:

@@ -1,0 +1,186 @@
+"""Bounded, robust aggregation of one slice's parts, and the checks members apply to a reducer's output.
+
+Threat: a member may contribute finite but huge values (1e30) or noise of huge
+norm, and as the reducer of its own slice may return anything. Three layers:
+
+1. :func:`reduce_slice` (the reducer) clips every part to ``clip_factor`` x the
+   median part norm (x its own part's norm when only two parts are present),
+   names the members it clipped, then aggregates with the selected rule.
+2. :func:`check_slice` (every member, on every reduced slice it receives)
+   refuses a slice whose norm exceeds ``clip_factor`` x the norm of its own
+   part of that slice: the member votes abort and the group discards.
+3. :func:`check_step` (every member, before voting) refuses a new anchor that
+   is non-finite or moved further than the outer step could move it from a
+   pseudo-gradient bounded as in 2.
+
+All arithmetic on the vectors is float32 in a fixed order (members, then
+coordinates), so a reducer's bytes depend only on its inputs. Norms are
+computed in float64 so a 1e30 part has a finite norm to compare.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+RULES = ("mean", "trimmed_mean", "median", "centered_clip")
+CENTERED_CLIP_ITERS = 3
+"""Iterations of centered clipping (Karimireddy et al. 2021 use 1-3 from a good start)."""
+
+
+class Suspicion(enum.Enum):
+    """Why a member's contribution (or a reducer's output) was refused or clipped."""
+
+    CLIPPED_PART = "clipped part"
+    REDUCED_NOT_FINITE = "reduced slice not finite"
+    REDUCED_TOO_LARGE = "reduced slice too large"
+    STEP_NOT_FINITE = "outer step not finite"
+    STEP_TOO_LARGE = "outer step too large"
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """A reducer's output for its slice and the members whose parts it clipped (peer -> reason, norm)."""
+
+    value: torch.Tensor
+    flagged: dict[str, Suspicion]
+    norms: dict[str, float] = field(default_factory=dict)
+    """The original norm of each flagged part, for the log."""
+    bound: float | None = None
+
+
+def norm(x: torch.Tensor) -> float:
+    """L2 norm in float64 (finite for any finite float32 vector)."""
+    return float(torch.linalg.vector_norm(x.to(torch.float64)))
+
+
+def clip_to(x: torch.Tensor, bound: float) -> torch.Tensor:
+    """``x`` scaled down to norm ``bound`` if it is longer (float32 multiply)."""
+    n = norm(x)
+    if n <= bound:
+        return x
+    return x * torch.tensor(bound / n, dtype=torch.float32)
+
+
+def norm_bound(norms: Sequence[float], own: float | None, clip_factor: float) -> float | None:
+    """The largest part norm the reducer accepts unclipped; None when it has nothing to compare with.
+
+    >>> norm_bound([1.0, 2.0, 100.0], None, 3.0), norm_bound([1.0, 100.0], 1.0, 3.0)
+    (6.0, 3.0)
+    """
+    if len(norms) >= 3:
+        ordered = sorted(norms)
+        mid = len(ordered) // 2
+        median = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+        return clip_factor * median
+    if len(norms) == 2:
+        # with two parts a median cannot out-vote one liar: trust only the reducer's own part
+        # (or, if it contributed nothing, the smaller of the two)
+        return clip_factor * (own if own is not None else min(norms))
+    return None
+
+
+def coordinate_median(stacked: torch.Tensor) -> torch.Tensor:
+    """Coordinate-wise median (the mean of the two middle values for an even count)."""
+    ordered = stacked.sort(dim=0).values
+    k = ordered.shape[0]
+    if k % 2:
+        return ordered[k // 2].clone()
+    return (ordered[k // 2 - 1] + ordered[k // 2]) * torch.tensor(0.5, dtype=torch.float32)
+
+
+def centered_clip(stacked: torch.Tensor) -> torch.Tensor:
+    """v <- v + mean_i clip(x_i - v, tau), from the coordinate-wise median; tau = median distance."""
+    v = coordinate_median(stacked)
+    dists = sorted(norm(x - v) for x in stacked)
+    tau = dists[len(dists) // 2]
+    for _ in range(CENTERED_CLIP_ITERS):
+        acc = torch.zeros_like(v)
+        for x in stacked:
+            acc += clip_to(x - v, tau)
+        v = v + acc / float(stacked.shape[0])
+    return v
+
+
+def aggregate(parts: Sequence[torch.Tensor], n: int, rule: str, trim_fraction: float) -> torch.Tensor:
+    """Combine equal-length parts with ``rule``; robust rules need 3 parts (fewer: the mean)."""
+    if rule not in RULES:
+        raise ValueError(f"aggregator={rule!r}; use one of {', '.join(RULES)}")
+    if not parts:
+        return torch.zeros(n, dtype=torch.float32)
+    if len(parts) >= 3 and rule != "mean":
+        stacked = torch.stack(list(parts))
+        if rule == "median":
+            return coordinate_median(stacked)
+        if rule == "centered_clip":
+            return centered_clip(stacked)
+        k = min(int(len(parts) * trim_fraction), (len(parts) - 1) // 2)
+        if k > 0:
+            return stacked.sort(dim=0).values[k : len(parts) - k].mean(dim=0)
+    acc = parts[0].clone()
+    for p in parts[1:]:
+        acc += p
+    return acc / float(len(parts))
+
+
+def reduce_slice(
+    parts: Sequence[tuple[str, torch.Tensor]],
+    own: torch.Tensor | None,
+    n: int,
+    rule: str,
+    trim_fraction: float,
+    clip_factor: float,
+) -> Reduced:
+    """Clip each ``(peer, part)`` (member order) to the norm bound, then aggregate with ``rule``."""
+    norms = [norm(t) for _, t in parts]
+    bound = norm_bound(norms, None if own is None else norm(own), clip_factor)
+    flagged: dict[str, Suspicion] = {}
+    flagged_norms: dict[str, float] = {}
+    clipped: list[torch.Tensor] = []
+    for (peer, t), t_norm in zip(parts, norms, strict=True):
+        if bound is not None and t_norm > bound:
+            flagged[peer], flagged_norms[peer] = Suspicion.CLIPPED_PART, t_norm
+            t = clip_to(t, bound)
+        clipped.append(t)
+    return Reduced(aggregate(clipped, n, rule, trim_fraction), flagged, flagged_norms, bound)
+
+
+def check_slice(reduced: torch.Tensor, own: torch.Tensor | None, clip_factor: float) -> Suspicion | None:
+    """Whether a received reduced slice is plausible: finite, and within ``clip_factor`` x our own part.
+
+    Without an own part (this member contributed weight 0) or with an all-zero
+    one there is no scale to compare with: only finiteness is checked.
+    """
+    if not bool(torch.isfinite(reduced).all()):
+        return Suspicion.REDUCED_NOT_FINITE
+    own_norm = 0.0 if own is None else norm(own)
+    if own_norm > 0 and norm(reduced) > clip_factor * own_norm * (1 + 1e-6):
+        return Suspicion.REDUCED_TOO_LARGE
+    return None
+
+
+def max_step(own_norm: float, momentum_norm: float, lr: float, mu: float, nesterov: bool, clip_factor: float) -> float:
+    """Bound on ||new anchor - anchor|| when the average g obeys ||g|| <= clip_factor x ||own||.
+
+    The step is lr x ((1 + mu) g + mu^2 m) with Nesterov, lr x (g + mu m)
+    without; the triangle inequality gives the bound (1 % slack for rounding).
+    """
+    g = clip_factor * own_norm
+    step = (1 + mu) * g + mu * mu * momentum_norm if nesterov else g + mu * momentum_norm
+    return 1.01 * lr * step
+
+
+def check_step(
+    anchor: torch.Tensor, new_anchor: torch.Tensor, new_momentum: torch.Tensor, bound: float | None
+) -> Suspicion | None:
+    """Why the outer step must not be applied (non-finite, or moved more than ``bound``), or None."""
+    if not (bool(torch.isfinite(new_anchor).all()) and bool(torch.isfinite(new_momentum).all())):
+        return Suspicion.STEP_NOT_FINITE
+    moved = norm(new_anchor - anchor)
+    if bound is not None and not (math.isfinite(moved) and moved <= bound):
+        return Suspicion.STEP_TOO_LARGE
+    return None
