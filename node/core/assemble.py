@@ -36,7 +36,10 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
         raise ValueError(f"--sync-every {opts.sync_every}: use 0 (off) or a positive number of rounds")
     sync = None
     if opts.sync_every > 0:
-        sync = OuterSyncConfig(sync_every=opts.sync_every, compression=opts.sync_compression, outer_lr=opts.outer_lr)
+        sync = OuterSyncConfig(
+            sync_every=opts.sync_every, compression=opts.sync_compression, outer_lr=opts.outer_lr,
+            aggregator=opts.sync_aggregator,
+        )  # fmt: skip
     membership = MembershipConfig(
         swarm_id=opts.swarm_id, host=host, port=port, announce=tuple(opts.announce), initial_peers=peers,
         client_mode=opts.client_mode, use_relay=not opts.no_relay, use_auto_relay=opts.auto_relay,

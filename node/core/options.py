@@ -93,6 +93,13 @@ class NodeOptions:
     sync_every: int = option(0, "rounds between outer syncs (H); 0 turns sync off", group=SYNC, inherit=True)
     sync_compression: str = option("none", "none, fp16 or int8", group=SYNC, inherit=True)
     outer_lr: float = option(0.7, "outer Nesterov SGD learning rate", group=SYNC, inherit=True)
+    sync_aggregator: str = option(
+        "mean",
+        "how a reducer combines the (norm-clipped) parts: mean, trimmed_mean, median or centered_clip "
+        "(robust ones from 3 members up)",
+        group=SYNC,
+        inherit=True,
+    )
     checkpoint_every: int = option(
         50, "rounds between checkpoints (also written on leave); 0: off", group=CHECKPOINTS, inherit=True
     )
