@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator, MutableSet, Sequence
 from dataclasses import dataclass, field, fields
 
 from node.core.pool import ExternalPool
@@ -127,7 +127,7 @@ def interleave(accepted: Sequence[tuple[Descriptor, RolloutBatch]]) -> list[tupl
 def ingest(
     result: CollectResult,
     pool: ExternalPool[TrainGroup],
-    peers_seen: set[str],
+    peers_seen: MutableSet[str],
     accept: Acceptance,
     cfg: IngestConfig | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -163,9 +163,10 @@ def ingest(
     return out
 
 
-def _count_batches(result: CollectResult, out: Collected, peers_seen: set[str]) -> None:
+def _count_batches(result: CollectResult, out: Collected, peers_seen: MutableSet[str]) -> None:
     """Count batches refused by the exchange and who sent the accepted ones; note every peer seen."""
-    peers_seen.update(p for p, _ in result.failed)
+    for peer, _ in result.failed:
+        peers_seen.add(peer)
     for peer, refusal in result.rejected:
         peers_seen.add(peer)
         out.reasons[refusal.reason.value] += 1
@@ -185,3 +186,34 @@ def _check(peer: str, group: RolloutGroup, accept: Acceptance, budget: RoundBudg
     verdict = verify_external(group, accept, source_peer=peer, may_build=budget.may_build(peer))
     budget.spend(peer, verdict.built)
     return verdict
+
+
+class SeenPeers(MutableSet[str]):
+    """The distinct peers seen (batches accepted, refused or failed), the ``capacity`` most recent.
+
+    Keys cost nothing, so a flood of them must not grow a node's memory:
+    past ``capacity`` the least recently seen peer is forgotten (and the
+    count stays at ``capacity``).
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._peers: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, value: str) -> None:
+        self._peers[value] = None
+        self._peers.move_to_end(value)
+        while len(self._peers) > self.capacity:
+            self._peers.popitem(last=False)
+
+    def discard(self, value: str) -> None:
+        self._peers.pop(value, None)
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._peers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._peers)
+
+    def __len__(self) -> int:
+        return len(self._peers)

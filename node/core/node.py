@@ -21,7 +21,7 @@ import torch
 from node.core import checkpoint
 from node.core import state as node_state
 from node.core.config import NodeConfig, NodeParts
-from node.core.ingest import ingest
+from node.core.ingest import SeenPeers, ingest
 from node.core.links import Exchange, Links, LinksFactory, Sync, hivemind_links
 from node.core.network import CollectJob, NetworkWorker
 from node.core.pool import ExternalPool
@@ -76,7 +76,7 @@ class Node:
         self.metrics: MetricsWriter | None = None
         self.sync: Sync | None = None
         self.in_sync = False  # an outer sync round is running (it is finished, not cut, on leave)
-        self.peers_seen: set[str] = set()
+        self.peers_seen = SeenPeers()
         self._checkpointed = -1  # round of the last checkpoint written or loaded
         self._digest_start = ""  # weights' digest at start (set once the model is loaded)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import reasoning_gym
 
-from node.core.ingest import IngestConfig, RoundBudget, ingest, interleave
+from node.core.ingest import IngestConfig, RoundBudget, SeenPeers, ingest, interleave
 from node.core.pool import ExternalPool
 from node.core.record import Collected, PublisherTally
 from node.tasks import reasoning_gym as rg
@@ -183,3 +183,14 @@ def test_round_budget_decisions() -> None:
 def test_a_bad_ingest_config_names_the_fix(field: str, value: Any, fix: str) -> None:
     with pytest.raises(ValueError, match=fix):
         IngestConfig(**{field: value})
+
+
+def test_seen_peers_forget_the_least_recent_past_capacity() -> None:
+    seen = SeenPeers(capacity=3)
+    for peer in ("a", "b", "c", "a", "d", "e"):  # "a" seen again before "d" and "e" arrive
+        seen.add(peer)
+    assert len(seen) == 3 and set(seen) == {"a", "d", "e"} and "b" not in seen
+    flood = SeenPeers()
+    for i in range(100_000):
+        flood.add(f"key-{i}")
+    assert len(flood) == flood.capacity == 4096
