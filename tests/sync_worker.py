@@ -4,9 +4,10 @@ Trains a deterministic fake model (an ``nn.Linear`` stack; each inner step adds
 seeded noise) and calls ``OuterSync.maybe_sync`` every step. It writes JSON
 lines to ``--report``: ``ready`` (with its multiaddrs), every sync report,
 ``phase`` when an injected fault fires, and ``done``. Faults
-(``--fault PHASE:REVISION:ACTION``): ``stop`` makes the process SIGSTOP itself
-at that phase (the test then SIGKILLs or SIGSTOPs/SIGCONTs its whole process
-group), ``drop`` makes it silently not send its all-reduce parts that round.
+(``--fault PHASE:REVISION:ACTION``, PHASE one of matchmade, send, sent,
+reduced, allreduced, voted): ``stop`` makes the process SIGSTOP itself at that
+phase (the test then SIGKILLs or SIGSTOPs/SIGCONTs its whole process group),
+``drop`` makes it silently not send its all-reduce parts that round.
 
 Started by tests/faults.py (and bench/bench_sync.py); not imported by anything (no side effects at import).
 """
@@ -40,6 +41,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--compression", default="none", help="one encoding, or a comma list to cycle (bench)")
     p.add_argument("--rounds-per", type=int, default=1, help="syncs per encoding when cycling")
     p.add_argument("--timeouts", default="1.5,4,2,4,6", help="matchmaking,allreduce,commit,dht,state[,chunk] seconds")
+    p.add_argument("--ping-timeout", type=float, default=1.0, help="liveness ping bound (s)")
+    p.add_argument("--max-group", type=int, default=64, help="max_group_size")
     p.add_argument("--go-file", default="")
     p.add_argument("--stop-file", default="")
     p.add_argument("--linger", type=float, default=30.0, help="keep serving state this long after training")
@@ -86,6 +89,8 @@ def _sync_config(args: argparse.Namespace, cls: Any) -> Any:
         state_timeout_s=s_s,
         poll_s=0.05,
         aggregator=args.aggregator,
+        ping_timeout_s=args.ping_timeout,
+        max_group_size=args.max_group,
     )
 
 

@@ -12,15 +12,24 @@ connection, not from the message). Every header names the group id, the
 revision and the slice; any mismatch, any bad size or non-finite value, any
 peer error and the round deadline fail the round on this member and make its
 slice's reducer refuse everyone else, so a failure spreads fast.
+
+A part for a group this member has not registered yet waits (its own DHT
+reads may finish later than the sender's) only while this member is itself
+matchmaking or reducing at the part's revision and has read the sender's join
+record (:meth:`SyncService.expect`), and at most ``MAX_WAITING_PER_PEER`` /
+``MAX_WAITING`` such parts wait at once; any other group id is refused at
+once. The ``ping`` op answers at once: members probe each other's liveness
+with it (:mod:`swarm.sync.liveness`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +47,13 @@ logger = logging.getLogger(__name__)
 
 Hook = Callable[[str, int], "str | None"]
 """Test seam: called as ``hook(phase, revision)``; may return "drop" at phase "send"."""
+
+MAX_WAITING_PER_PEER = 4
+"""Parts from one sender that may wait at once for this member to register their group."""
+MAX_WAITING = 64
+"""Parts from all senders that may wait at once (bounds what a flood of streams can hold)."""
+MAX_PINGS = 32
+"""Outbound pings in flight at once (a page of ghost join records cannot open hundreds of dials)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +105,14 @@ class _Round:
         self.flagged: dict[str, Suspicion] = {}
         self.result: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.result.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.replied = 0
+        self.all_replied = asyncio.Event()
+        """Set once this member's reply stream to every other member is written (or failed)."""
+
+    def reply_done(self) -> None:
+        self.replied += 1
+        if self.replied >= len(self.plan.members) - 1:
+            self.all_replied.set()
 
     def fail(self, reason: str) -> None:
         if not self.result.done():
@@ -117,6 +141,10 @@ class SyncService:
         self._snapshot, self._clock, self._hook = snapshot, clock, hook
         self._rounds: dict[str, _Round] = {}
         self._finished: deque[str] = deque(maxlen=64)
+        # (revision, joiners read) while this member matchmakes or reduces; None otherwise
+        self._expected: tuple[int, frozenset[str]] | None = None
+        self._waiting: dict[str, int] = {}
+        self._ping_slots: asyncio.Semaphore | None = None  # made on the loop, at first use
 
     async def start(self) -> None:
         await self._p2p.add_binary_stream_handler(self._name, self._handle)
@@ -128,6 +156,14 @@ class SyncService:
             await self._p2p.remove_binary_stream_handler(self._name)
         except Exception as e:
             logger.debug("[%s] removing stream handler: %s", self._me[-6:], e)
+
+    def expect(self, revision: int, joiners: Collection[str]) -> None:
+        """Let parts of ``revision`` from ``joiners`` wait for this member's group (thread-safe: one store)."""
+        self._expected = (revision, frozenset(joiners))
+
+    def expect_nothing(self) -> None:
+        """Out of matchmaking and all-reduce: refuse every unregistered group id at once."""
+        self._expected = None
 
     def _call_hook(self, phase: str, revision: int) -> str | None:
         return self._hook(phase, revision) if self._hook is not None else None
@@ -142,6 +178,8 @@ class SyncService:
             header = await read_header(reader, self._chunk_timeout)
             if header.get("op") == "part":
                 await self._serve_part(info.peer_id.to_base58(), header, reader, writer)
+            elif header.get("op") == "ping":
+                await write_frame(writer, {"ok": True}, b"", self._chunk_timeout)
             elif header.get("op") == "state":
                 await self._serve_state(writer)
             else:
@@ -153,20 +191,39 @@ class SyncService:
         finally:
             writer.close()
 
-    async def _wait_round(self, gid: Any) -> _Round:
-        end = time.monotonic() + self._register_timeout
-        while time.monotonic() < end:
-            if gid in self._rounds:
-                return self._rounds[gid]
-            if gid in self._finished:
-                raise GroupMismatch("round already over")
-            await asyncio.sleep(0.01)
+    def _may_wait(self, sender: str, revision: Any) -> bool:
+        expected = self._expected
+        return expected is not None and expected[0] == revision and sender in expected[1]
+
+    async def _wait_round(self, gid: Any, sender: str, revision: Any) -> _Round:
+        if gid in self._rounds:
+            return self._rounds[gid]
+        if gid in self._finished:
+            raise GroupMismatch("round already over")
+        if not self._may_wait(sender, revision):
+            raise GroupMismatch("unknown group id")
+        waiting = self._waiting.get(sender, 0)
+        if waiting >= MAX_WAITING_PER_PEER or sum(self._waiting.values()) >= MAX_WAITING:
+            raise GroupMismatch("too many parts waiting")
+        self._waiting[sender] = waiting + 1
+        try:
+            end = time.monotonic() + self._register_timeout
+            while time.monotonic() < end and self._may_wait(sender, revision):
+                await asyncio.sleep(0.01)
+                if gid in self._rounds:
+                    return self._rounds[gid]
+                if gid in self._finished:
+                    raise GroupMismatch("round already over")
+        finally:
+            self._waiting[sender] -= 1
+            if not self._waiting[sender]:
+                del self._waiting[sender]
         raise GroupMismatch("unknown group id")
 
     async def _serve_part(
         self, sender: str, header: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        rnd = await self._wait_round(header.get("group"))
+        rnd = await self._wait_round(header.get("group"), sender, header.get("revision"))
         plan = rnd.plan
         if sender not in plan.members or sender == self._me:  # refused, but no reason to fail the round
             raise GroupMismatch(f"{sender[-6:]} is not a member")
@@ -184,8 +241,11 @@ class SyncService:
         except (SyncAborted, TimeoutError) as e:
             rnd.fail(e.reason if isinstance(e, SyncAborted) else "part timeout")
             raise
-        result = await asyncio.wait_for(asyncio.shield(rnd.result), self._remaining(plan))
-        await write_frame(writer, {"ok": True}, result, self._chunk_timeout)
+        try:
+            result = await asyncio.wait_for(asyncio.shield(rnd.result), self._remaining(plan))
+            await write_frame(writer, {"ok": True}, result, self._chunk_timeout)
+        finally:
+            rnd.reply_done()
 
     async def _add_part(self, rnd: _Round, peer: str, weight: int, payload: bytes) -> None:
         if peer in rnd.parts:
@@ -266,6 +326,10 @@ class SyncService:
         if pending:
             raise SyncAborted("all-reduce timeout")
         slices = [t.result() for t in tasks]
+        # every member got this one's slice before it moves on to vote: a member that stops
+        # after its all-reduce then costs the others a missing vote, not a failed all-reduce
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(rnd.all_replied.wait(), min(self._chunk_timeout, self._remaining(plan)))
         sent = sum(len(p) for j, p in enumerate(parts) if j != rnd.index)
         total = sent + (len(plan.members) - 1) * len(slices[rnd.index])
         return AllReduceResult(slices, total, dict(rnd.flagged))
@@ -290,6 +354,25 @@ class SyncService:
             if reply["size"] != expected:
                 raise BadBytes(f"slice {j} of {reply['size']} bytes, expected {expected}")
             return await read_payload(reader, expected, self._chunk_timeout)
+        finally:
+            writer.close()
+
+    async def ping(self, peer: str, timeout: float) -> bool:
+        """Whether ``peer`` answers a ping on this service's stream within ``timeout`` s (never raises)."""
+        if self._ping_slots is None:
+            self._ping_slots = asyncio.Semaphore(MAX_PINGS)
+        try:
+            return await asyncio.wait_for(self._ping(peer, self._ping_slots), timeout)
+        except Exception as e:  # unreachable, refused, timed out: all mean "did not answer"
+            logger.debug("[%s] ping %s failed: %s", self._me[-6:], peer[-6:], type(e).__name__)
+            return False
+
+    async def _ping(self, peer: str, slots: asyncio.Semaphore) -> bool:
+        async with slots:
+            _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer), self._name)
+        try:
+            await write_frame(writer, {"op": "ping"}, b"", self._chunk_timeout)
+            return (await read_header(reader, self._chunk_timeout)).get("ok") is True
         finally:
             writer.close()
 

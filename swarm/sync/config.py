@@ -81,6 +81,13 @@ class OuterSyncConfig:
             "(3 s) so a read that meets a frozen DHT node still returns the other nodes' records."
         },
     )
+    ping_timeout_s: float = field(
+        default=2.0,
+        metadata={
+            "help": "Bound on a liveness ping: a joiner that does not answer one within it is left out of the "
+            "group, and a member whose vote is missing and that does not answer makes the round abort."
+        },
+    )
     state_timeout_s: float = field(
         default=60.0, metadata={"help": "Bound on downloading the group's state when catching up."}
     )
@@ -119,6 +126,7 @@ class OuterSyncConfig:
             "commit_timeout_s",
             "dht_timeout_s",
             "state_timeout_s",
+            "ping_timeout_s",
             "poll_s",
             "record_ttl_s",
             "suspect_ban_s",

@@ -82,6 +82,28 @@ def decide_group(join_records: Mapping[str, JoinRecord], now: float, cfg: OuterS
     return GroupDecision("ready", w, members, gid)
 
 
+def live_records(join_records: Mapping[str, JoinRecord], answered: Collection[str], me: str) -> dict[str, JoinRecord]:
+    """The join records whose signer answered a ping this round (``me``'s own is always kept).
+
+    Applied before :func:`decide_group`, so keys that never come online
+    neither join a group nor fill its lowest-ids-first ``max_group_size``.
+
+    >>> r = JoinRecord("p", "0" * 16, 0, "0" * 64, 10.0, 10.0)
+    >>> sorted(live_records({"me": r, "a": r, "ghost": r}, {"a"}, "me"))
+    ['a', 'me']
+    """
+    return {p: r for p, r in join_records.items() if p == me or p in answered}
+
+
+def missing_votes(digests_by_peer: Mapping[str, str], members: Sequence[str], me: str) -> tuple[str, ...]:
+    """The other members whose vote this member has not seen yet (whom to probe while waiting).
+
+    >>> missing_votes({"a": "x" * 64}, ["a", "b", "c"], "a")
+    ('b', 'c')
+    """
+    return tuple(p for p in members if p != me and p not in digests_by_peer)
+
+
 class CommitDecision(NamedTuple):
     """``commit`` is True (apply), False (discard) or None (not decided yet: keep polling)."""
 

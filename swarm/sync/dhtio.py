@@ -27,8 +27,12 @@ from swarm.sync.decide import (
     decide_commit,
     decide_group,
     earliest_open_window,
+    live_records,
+    missing_votes,
 )
+from swarm.sync.liveness import LivenessReason, Prober
 from swarm.sync.records import (
+    ABORT_DIGEST,
     JOIN_KIND,
     STATE_KIND,
     VOTE_KIND,
@@ -160,8 +164,12 @@ class SyncRecords:
         self._store(key, JOIN_KIND, record, cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s + 30.0)
         return record
 
-    def matchmake(self, revision: int, state_hash: str) -> GroupDecision:
-        """Join (or open) the earliest open gather window and wait for it to close."""
+    def matchmake(self, revision: int, state_hash: str, prober: Prober | None = None) -> GroupDecision:
+        """Join (or open) the earliest open gather window and wait for it to close.
+
+        With a ``prober``, every joiner read is pinged at once, and the group
+        is formed only from the joiners that answered (:meth:`_live_group`).
+        """
         self.revision = revision
         m_s = self.cfg.matchmaking_timeout_s
         key = join_key(self.swarm_id, self.fingerprint, revision, state_hash, self.cfg.compression)
@@ -171,6 +179,8 @@ class SyncRecords:
         while True:
             start = self._clock()
             seen = {**self._read_joins(key, revision, state_hash), self.me: mine}
+            if prober is not None:
+                prober.see(seen)
             earlier = earliest_open_window(seen, start, m_s)
             if earlier is not None and earlier < mine.window_start and start < earlier + JOIN_FRACTION * m_s:
                 self._log(logging.DEBUG, "switching to the earlier window %.3f", earlier)
@@ -178,9 +188,21 @@ class SyncRecords:
                 seen[self.me] = mine
             decision = decide_group(seen, start, self.cfg, self.me)
             if decision.status != "gather":
-                return decision
+                return decision if prober is None else self._live_group(seen, start, mine.window_start, prober)
             wait = min(self.cfg.poll_s, mine.window_start + m_s - self._clock())
             self._sleep(max(0.0, wait))
+
+    def _live_group(self, seen: dict[str, JoinRecord], now: float, window: float, prober: Prober) -> GroupDecision:
+        """The group of the joiners of ``window`` that answered their ping (waits at most the ping timeout)."""
+        joiners = sorted(p for p, r in seen.items() if r.window_start == window and p != self.me)
+        answered = prober.answered(joiners)
+        silent = [p[-6:] for p in joiners if p not in answered]
+        if silent:
+            self._log(logging.INFO, "left out %d joiners that did not answer a ping: %s", len(silent), silent[:8])
+        decision = decide_group(live_records(seen, answered, self.me), now, self.cfg, self.me)
+        if decision.status == "ready":
+            prober.expect(decision.members)
+        return decision
 
     # ---- commit vote --------------------------------------------------------------------------
 
@@ -204,16 +226,43 @@ class SyncRecords:
         self._rejected(VOTE_KIND, rejected)
         return kept
 
-    def await_commit(self, plan: RoundPlan, deadline: float) -> CommitDecision:
-        """Poll the votes until :func:`decide_commit` decides; the last read begins by ``deadline``."""
+    def await_commit(self, plan: RoundPlan, deadline: float, prober: Prober | None = None) -> CommitDecision:
+        """Poll the votes until :func:`decide_commit` decides; the last read begins by ``deadline``.
+
+        With a ``prober``, members whose vote is still missing after two polls
+        are pinged (again every ping timeout); if one no longer answers, this
+        member votes abort, which ends the round on every member at once.
+        """
+        probe_at = self._clock() + 2 * self.cfg.poll_s
         while True:
             start = self._clock()
-            votes = self.read_votes(plan)
-            verdict = decide_commit({p: r.digest for p, r in votes.items()}, plan.members, start, deadline)
+            votes = {p: r.digest for p, r in self.read_votes(plan).items()}
+            verdict = decide_commit(votes, plan.members, start, deadline)
             if verdict.commit is not None:
                 return verdict
+            if prober is not None and start >= probe_at:
+                lost = self._lost(plan, votes, deadline, prober)
+                if lost is not None:
+                    return lost
+                probe_at = self._clock() + prober.timeout_s
             left = deadline - self._clock()
             if left <= 0:
                 return CommitDecision(False, "commit timeout")
             # aim the last read a little before the deadline, so scheduling jitter cannot push it past
             self._sleep(min(self.cfg.poll_s, max(0.0, left - 0.02)))
+
+    def _lost(self, plan: RoundPlan, votes: dict[str, str], deadline: float, prober: Prober) -> CommitDecision | None:
+        """Ping the members not voted yet; if one is gone, end the round (None: all answered)."""
+        missing = missing_votes(votes, plan.members, self.me)
+        gone = set(missing) - prober.check(missing, deadline - self._clock())
+        if not gone:
+            return None
+        # it may have voted just before dying: one more read, then abort only if still incomplete
+        start = self._clock()
+        again = {p: r.digest for p, r in self.read_votes(plan).items()}
+        verdict = decide_commit(again, plan.members, start, deadline)
+        if verdict.commit is not None:
+            return verdict
+        self._log(logging.WARNING, "members %s lost before voting: voting abort", [p[-6:] for p in sorted(gone)])
+        self.vote(plan, ABORT_DIGEST)
+        return CommitDecision(False, LivenessReason.MEMBER_LOST.value)

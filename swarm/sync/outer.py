@@ -12,15 +12,20 @@ allreduce_timeout_s, commit_timeout_s, state_timeout_s, dht_timeout_s):
    :func:`check_downloaded_state`). Keys that are not trusted vouch nothing.
 2. Matchmaking: signed join records under (fingerprint, revision, state
    hash), so only peers sharing the same history meet; a gather window
-   opened at ``w`` closes at ``w + M`` (:func:`decide_group`). Group id =
-   hash of the sorted members; fewer than ``min_group_size`` -> "no partner".
+   opened at ``w`` closes at ``w + M`` (:func:`decide_group`). Every joiner
+   read is pinged at once; only those that answered by the close (waiting at
+   most P = ping_timeout_s more) are members (:mod:`swarm.sync.liveness`), so
+   keys that never come online cost nothing. Group id = hash of the sorted
+   members; fewer than ``min_group_size`` -> "no partner".
 3. All-reduce by ``w + M + A``: reduce-scatter + all-gather of the reducers'
    exact bytes (:mod:`swarm.sync.allreduce`).
 4. Commit vote: each member publishes a signed digest of (group id,
    revision, every slice's bytes), or "abort"; apply only if all members
    voted the same digest, seen by a read begun by ``D = w + M + A + C``
    (:func:`decide_commit`). Then revision += 1, and a signed (revision,
-   state hash) record is published.
+   state hash) record is published. A member whose vote is still missing
+   and that does not answer a ping (bounded by P and by ``D``) is gone:
+   this member votes abort, and every member ends the round at once.
 
 Time bound. All deadlines are absolute from ``w``, and ``w`` is at most the
 time this peer first read the join key, so a stalled or dead peer cannot
@@ -32,10 +37,11 @@ Counted with every DHT call taking its full d: the catch-up check refreshes
 and reads the state records (2 d) and, when it runs, downloads within S and
 stores the new state record (d); the round's first join read (d) fixes w;
 from w: the window M, the all-reduce ends by ``w + M + A`` (a late group
-decision, with the join store and last group read overrunning the window by
-up to 2 d, only shortens it; A >= d is enforced so the abort path fits too),
-the last vote read begins by ``w + M + A + max(C, d)`` and takes up to d,
-and the state store after a commit up to d.
+decision, with the join store, last group read and pings overrunning the
+window by up to 2 d + P, only shortens it; A >= d is enforced so the abort
+path fits too), the last vote read begins by ``w + M + A + max(C, d)`` and
+takes up to d, and the state store after a commit up to d (or, when a lost
+member ends the round, the abort vote's store: pings there are cut at ``D``).
 ``OuterSyncConfig.max_sync_seconds`` computes it (adding 1 s for compute).
 
 Residual risk (documented, repaired): if a member's last vote read misses a
@@ -71,6 +77,7 @@ from swarm.sync.decide import (
 )
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
+from swarm.sync.liveness import Prober
 from swarm.sync.records import ABORT_DIGEST
 from swarm.sync.robust import Suspicion, check_slice, check_step, max_step, norm
 from swarm.sync.tensors import decode, flatten, load_flat, outer_step, state_hash
@@ -131,6 +138,7 @@ class OuterSync:
             register_timeout=cfg.allreduce_timeout_s,
         )
         membership.run(self._service.start(), cfg.dht_timeout_s)
+        self._prober = Prober(membership, self._service, cfg.ping_timeout_s)
         self._closed = False
         # whom catch-up believes (SECURITY.md, "Outer sync"): peers named to join through, and
         # the members of every round this peer committed (most recent last, at most MAX_PARTNERS)
@@ -196,11 +204,14 @@ class OuterSync:
             # must not stop everyone else from syncing.
             self._log(logging.WARNING, "catch-up failed (%s); syncing at the current state", e.reason)
             caught_up = False
+        self._prober.reset(self._snap.revision)
         try:
             return self._round(t0, weight=0 if caught_up else 1, caught_up=caught_up)
         except SyncAborted as e:
             self._log(logging.WARNING, "round aborted: %s", e.reason)
             return self._report(t0, False, 0, e.reason, 0, caught_up)
+        finally:
+            self._prober.done()  # from now on parts naming any unregistered group are refused at once
 
     def _report(
         self, t0: float, committed: bool, size: int, reason: str, sent: int, caught_up: bool = False, gid: str = ""
@@ -301,7 +312,7 @@ class OuterSync:
 
     def _round(self, t0: float, weight: int, caught_up: bool) -> SyncReport:
         snap = self._snap
-        decision = self._records.matchmake(snap.revision, snap.state_hash)
+        decision = self._records.matchmake(snap.revision, snap.state_hash, self._prober)
         if decision.status != "ready":
             self._log(logging.INFO, "%s (window %.2f)", decision.status, decision.window_start)
             return self._report(t0, False, len(decision.members), decision.status, 0, caught_up)
@@ -317,6 +328,8 @@ class OuterSync:
             self._log(logging.WARNING, "all-reduce failed: %s; discarding the round", e.reason)
             return self._report(t0, False, len(plan.members), e.reason, 0, caught_up, plan.group_id)
         allreduce_s = self._clock() - t_ar
+        if self._hook is not None:
+            self._hook("allreduced", snap.revision)
         # checked BEFORE voting, so a bad average makes this member vote abort and nobody applies it
         new, step_problem = self._outer_step(snap, got)
         refusal = got.refusal or step_problem
@@ -327,7 +340,7 @@ class OuterSync:
             reason = f"refused: {refusal.value}"
             self._log(logging.WARNING, "%s; voted abort", reason)
             return self._suspect_report(t0, plan, reason, got, caught_up)
-        verdict = self._records.await_commit(plan, deadline)
+        verdict = self._records.await_commit(plan, deadline, self._prober)
         if not verdict.commit:
             self._log(logging.WARNING, "not committed: %s; keeping local weights", verdict.reason)
             return self._suspect_report(t0, plan, verdict.reason, got, caught_up)

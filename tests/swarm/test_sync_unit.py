@@ -12,7 +12,7 @@ from protocol import SigningKey
 from protocol.signing import seal
 from swarm.fingerprint import model_fingerprint
 from swarm.sync import OuterSyncConfig, SyncReport, decide_catch_up, decide_commit, decide_group
-from swarm.sync.decide import earliest_open_window, group_id
+from swarm.sync.decide import earliest_open_window, group_id, live_records, missing_votes
 from swarm.sync.errors import BadBytes
 from swarm.sync.records import (
     JOIN_KIND,
@@ -85,6 +85,27 @@ def test_different_member_views_give_different_group_ids() -> None:
     full = {p: _join(p, 10.0) for p in "abc"}
     partial = {p: _join(p, 10.0) for p in "ab"}
     assert decide_group(full, 15.0, CFG, "a").group_id != decide_group(partial, 15.0, CFG, "a").group_id
+
+
+def test_ghosts_with_low_ids_neither_join_nor_fill_the_group() -> None:
+    """Keys 0, 1, 2 sort first and would take the whole max_group_size of 3; they never answered a ping."""
+    recs = {p: _join(p, 10.0) for p in ("0", "1", "2", "a", "b", "c")}
+    assert decide_group(recs, 15.0, CFG, "a").status == "not in group"
+    views = [decide_group(live_records(recs, set("abc") - {me}, me), 15.0, CFG, me) for me in "abc"]
+    assert all(v.status == "ready" and v.members == ("a", "b", "c") for v in views)
+    assert len({v.group_id for v in views}) == 1  # every honest member pinged the same records
+
+
+def test_live_records_keeps_own_record_and_the_answered_only() -> None:
+    recs = {p: _join(p, 10.0) for p in "abg"}
+    assert set(live_records(recs, set(), "a")) == {"a"}
+    assert set(live_records(recs, {"b", "x"}, "a")) == {"a", "b"}
+    assert decide_group(live_records(recs, set(), "a"), 15.0, CFG, "a").status == "no partner"
+
+
+def test_missing_votes_names_the_other_silent_members_in_order() -> None:
+    assert missing_votes({}, ["a", "b", "c"], "b") == ("a", "c")
+    assert missing_votes({"a": "x", "c": "abort", "z": "x"}, ["a", "b", "c"], "b") == ()
 
 
 # ---- commit vote -------------------------------------------------------------------------------
