@@ -204,6 +204,7 @@ def main(argv: list[str]) -> int:
                 applied = sync.state_dict()["momentum"] - cfg.outer_momentum * before["momentum"]
                 extra = {"pseudo": pseudo.tolist(), "applied": applied.tolist()}
                 extra["anchor_finite"] = bool(torch.isfinite(sync.state_dict()["anchor"]).all())
+                extra["partners"] = sorted(sync.trusted())
             out.write(**report.to_metrics(), step=step, compression=cfg.compression, **extra)
     out.write(event="done", peer=membership.peer_id, revision=sync.revision, state_hash=sync.state_hash)
     end = time.time() + args.linger  # serve state to late peers until the test's stop file (bounded)

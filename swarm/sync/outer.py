@@ -84,6 +84,11 @@ from swarm.sync.tensors import decode, flatten, load_flat, outer_step, state_has
 
 logger = logging.getLogger(__name__)
 
+BANNED_FOR = (Suspicion.REDUCED_NOT_FINITE, Suspicion.REDUCED_TOO_LARGE, Suspicion.GARBAGE_PART)
+"""Suspicions that leave a member out of sync groups for ``suspect_ban_s``. A merely clipped part is
+not among them: clipping bounds it already, and an honest member near the bound may be clipped by
+one reducer only, and a ban on one side only splits the group."""
+
 MAX_PARTNERS = 1024
 """Most recent round partners remembered as trusted for catch-up (bounded memory)."""
 
@@ -354,16 +359,17 @@ class OuterSync:
         committed = reason == "committed"
         report = self._report(t0, committed, len(plan.members), reason, got.sent, caught_up, plan.group_id)
         report.suspects = {peer: why.value for peer, why in got.suspects.items()}
-        # A lying reducer makes every round it is in abort, so leave it out of the next groups.
-        # Clipped parts are not banned: clipping already bounds them, and an honest member near the
-        # bound may be clipped by one reducer only, and one-sided bans split the group.
+        # A lying reducer makes every round it is in abort, and a garbage part is sent to every
+        # reducer: leave both out of the next groups (BANNED_FOR). No suspect is trusted for catch-up.
+        for peer in got.suspects:
+            self._partners.pop(peer, None)
         now = self._clock()
         until = now + self.cfg.suspect_ban_s
         banned = self._records.banned
         for peer in [p for p, t in banned.items() if t <= now]:
             del banned[peer]
         for peer, why in got.suspects.items():
-            if why in (Suspicion.REDUCED_NOT_FINITE, Suspicion.REDUCED_TOO_LARGE):
+            if why in BANNED_FOR:
                 self._log(logging.WARNING, "leaving %s out of sync groups for %.0f s", peer, self.cfg.suspect_ban_s)
                 banned[peer] = until
         return report

@@ -36,6 +36,7 @@ class Suspicion(enum.Enum):
     """Why a member's contribution (or a reducer's output) was refused or clipped."""
 
     CLIPPED_PART = "clipped part"
+    GARBAGE_PART = "part far past the bound"
     REDUCED_NOT_FINITE = "reduced slice not finite"
     REDUCED_TOO_LARGE = "reduced slice too large"
     STEP_NOT_FINITE = "outer step not finite"
@@ -143,7 +144,11 @@ def reduce_slice(
     clipped: list[torch.Tensor] = []
     for (peer, t), t_norm in zip(parts, norms, strict=True):
         if bound is not None and t_norm > bound:
-            flagged[peer], flagged_norms[peer] = Suspicion.CLIPPED_PART, t_norm
+            # past clip_factor x the bound (16x the median by default) is no honest spread: garbage,
+            # and a member sending it whole sends it to every reducer, so every honest one bans it
+            gross = t_norm > clip_factor * bound
+            flagged[peer] = Suspicion.GARBAGE_PART if gross else Suspicion.CLIPPED_PART
+            flagged_norms[peer] = t_norm
             t = clip_to(t, bound)
         clipped.append(t)
     return Reduced(aggregate(clipped, n, rule, trim_fraction), flagged, flagged_norms, bound)

@@ -57,6 +57,11 @@ def _deviations(a: Peer, b: Peer) -> list[float]:
     return out
 
 
+def m_is_partner(p: Peer, peer: str) -> list[bool]:
+    """Whether ``peer`` was in ``p``'s trusted partners after each sync (the worker reports them)."""
+    return [peer in r.get("partners", []) for r in p.syncs()]
+
+
 def _names(p: Peer, peer: str) -> list[Record]:
     return [r for r in p.syncs() if peer in r.get("suspect_peers", {})]
 
@@ -78,6 +83,11 @@ def test_poisoned_contributions_are_clipped(
     assert _names(a, attacker) and _names(b, attacker)  # named and counted in the reports
     assert all(r["suspects"] == 1 for r in _names(a, attacker))
     assert all(len(h) == 1 for h in hashes_by_revision([a, b]).values())
+    if poison == "huge":  # 1e30 is garbage to every reducer: m is left out of the later groups
+        first, *later = [r for r in a.syncs() if r["committed"]]
+        assert first["group_size"] == 3 and first["suspect_peers"][attacker] == "part far past the bound"
+        assert later and all(r["group_size"] == 2 for r in later), a.syncs()
+        assert all(trusted is False for trusted in m_is_partner(a, attacker)), "a suspect became a partner"
 
 
 def test_lying_reducer_is_refused_then_left_out(fault_swarm: FaultSwarm) -> None:

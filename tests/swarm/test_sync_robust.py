@@ -42,7 +42,7 @@ def test_one_poisoner_of_three_moves_no_rule_far(rule: str, garbage: str) -> Non
     bad = torch.full((N,), 1e30) if garbage == "huge" else 1e6 * torch.randn(N, generator=torch.Generator())
     parts = [("a", honest[0]), ("b", honest[1]), ("m", bad)]
     out = reduce_slice(parts, honest[0], N, rule, 0.2, 4.0)
-    assert out.flagged == {"m": Suspicion.CLIPPED_PART}
+    assert out.flagged == {"m": Suspicion.GARBAGE_PART}  # far past 4 x the bound: banned, not just clipped
     assert bool(torch.isfinite(out.value).all())
     honest_mean = _mean(honest)
     # mean - honest mean = (clipped - honest mean) / 3, the clipped part's norm <= 4 x the median norm
@@ -53,6 +53,13 @@ def test_one_poisoner_of_three_moves_no_rule_far(rule: str, garbage: str) -> Non
         assert deviation < 1.0, deviation  # the robust rules stay well inside the honest spread
     unclipped = norm(aggregate([honest[0], honest[1], bad], N, "mean", 0.2) - honest_mean)
     assert unclipped > 1e5 * norm(honest_mean)  # what plain averaging gives, for scale
+
+
+def test_a_part_just_past_the_bound_is_clipped_not_called_garbage() -> None:
+    honest = _honest(2)
+    near = 5.0 * honest[0]  # 5x: past the 4x bound, far inside 16x
+    out = reduce_slice([("a", honest[0]), ("b", honest[1]), ("m", near)], honest[0], N, "mean", 0.2, 4.0)
+    assert out.flagged == {"m": Suspicion.CLIPPED_PART}
 
 
 def test_honest_parts_are_not_clipped_and_mean_is_exact() -> None:
@@ -68,7 +75,7 @@ def test_honest_parts_are_not_clipped_and_mean_is_exact() -> None:
 def test_two_parts_are_bounded_by_the_reducers_own_part() -> None:
     honest = _honest(1)[0]
     out = reduce_slice([("a", honest), ("m", torch.full((N,), 1e30))], honest, N, "centered_clip", 0.2, 4.0)
-    assert out.flagged == {"m": Suspicion.CLIPPED_PART}
+    assert out.flagged == {"m": Suspicion.GARBAGE_PART}
     assert norm(out.value) <= (1 + 4.0) / 2 * norm(honest) * (1 + 1e-6)
     assert norm_bound([1.0, 50.0], 1.0, 4.0) == 4.0
     assert norm_bound([2.0, 50.0], None, 4.0) == 8.0
