@@ -171,6 +171,8 @@ class SyncReport:
     allreduce_s: float = 0.0
     suspects: dict[str, str] = field(default_factory=dict)
     """Members caught contributing garbage this round (peer -> reason): clipped parts, lying reducers."""
+    catch_up_refused: dict[str, int] = field(default_factory=dict)
+    """State claims and downloads catch-up refused so far, by reason (cumulative since start)."""
 
     def to_metrics(self) -> dict[str, Any]:
         """The ``{"event": "sync", ...}`` metrics record."""
@@ -189,5 +191,6 @@ class SyncReport:
             "group_id": self.group_id,
             "allreduce_s": round(self.allreduce_s, 4),
             "suspects": len(self.suspects),
+            "catch_up_refused": dict(self.catch_up_refused),
             "suspect_peers": dict(self.suspects),
         }

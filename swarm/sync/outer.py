@@ -223,9 +223,11 @@ class OuterSync:
     ) -> SyncReport:
         now = self._clock()
         snap = self._snap
-        return SyncReport(
+        report = SyncReport(
             now, self.peer_id, snap.revision, snap.state_hash, committed, size, reason, now - t0, sent, caught_up, gid
         )
+        report.catch_up_refused = {why.value: n for why, n in self.catch_up_refusals.items()}
+        return report
 
     # ---- catch-up -----------------------------------------------------------------------------
 

@@ -97,6 +97,7 @@ def test_forged_revision_claimed_by_many_keys_is_not_adopted(fault_swarm: FaultS
         committed = [s["revision"] for s in syncs if s["committed"]]
         assert committed == list(range(1, len(committed) + 1)) and len(committed) >= 4, (p.name, syncs)
         assert final["revision"] == committed[-1] < 100
+        assert syncs[-1]["catch_up_refused"].get("claimed by no trusted peer", 0) > 0, syncs[-1]  # counted
     assert float((anchors[0] - anchors[1]).norm()) == 0.0  # a and b still share one history
     first = next(s for s in late.syncs())
     assert first["caught_up"] and 2 <= first["revision"] < 100, first
