@@ -99,6 +99,14 @@ class OuterSyncConfig:
             "Higher lets a peer far behind catch up; lower limits how far a hostile donor can move it; > 0."
         },
     )
+    max_update: float = field(
+        default=0.5,
+        metadata={
+            "help": "A reduced slice or outer step is refused only if it is larger than what this member's own "
+            "contribution allows AND than max_update x the anchor's norm (per slice: its share of it); the "
+            "second keeps a member that barely trained from refusing honest peers. > 0."
+        },
+    )
     min_group_size: int = field(default=2, metadata={"help": "Fewest peers (self included) to sync with."})
     max_group_size: int = field(default=64, metadata={"help": "Most peers in one sync group."})
     poll_s: float = field(default=0.1, metadata={"help": "Interval between DHT polls while waiting."})
@@ -139,6 +147,8 @@ class OuterSyncConfig:
                 f"allreduce_timeout_s={self.allreduce_timeout_s} < dht_timeout_s={self.dht_timeout_s}; "
                 "raise allreduce_timeout_s (the documented time bound assumes A >= d)"
             )
+        if not (math.isfinite(self.max_update) and self.max_update > 0):
+            raise ValueError(f"max_update={self.max_update}; use a positive number (default 0.5)")
         if not (math.isfinite(self.max_state_shift) and self.max_state_shift > 0):
             raise ValueError(f"max_state_shift={self.max_state_shift}; use a positive number (default 1.0)")
         if self.min_group_size < 2:

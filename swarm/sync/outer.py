@@ -405,10 +405,14 @@ class OuterSync:
         pieces = []
         suspects: dict[str, Suspicion] = dict(result.flagged)
         refusal: Suspicion | None = None
+        anchor, n = snap.anchor, snap.anchor.numel()
+        whole = norm(anchor)
         for j, ((lo, hi), data) in enumerate(zip(plan.bounds(), result.slices, strict=True)):
             h.update(hashlib.sha256(data).digest())
             piece = decode(data, hi - lo, plan.compression)
-            problem = check_slice(piece, pseudo[lo:hi] if weight else None, plan.clip_factor)
+            # the slice's own anchor norm, or its share of the whole (a slice of zero-initialised biases)
+            floor = self.cfg.max_update * max(norm(anchor[lo:hi]), whole * math.sqrt((hi - lo) / max(n, 1)))
+            problem = check_slice(piece, pseudo[lo:hi] if weight else None, plan.clip_factor, floor)
             if problem is not None:
                 # the reducer of slice j returned an implausible average: name it, and refuse the round
                 suspects[plan.members[j]] = problem
@@ -428,7 +432,7 @@ class OuterSync:
         if got.pseudo is not None:
             own, m = norm(got.pseudo), norm(snap.momentum)
             bound = max_step(own, m, cfg.outer_lr, mu, cfg.nesterov, cfg.clip_factor)
-        problem = check_step(snap.anchor, anchor, momentum, bound)
+        problem = check_step(snap.anchor, anchor, momentum, bound, cfg.max_update * norm(snap.anchor))
         if problem is not None:
             self._log(logging.WARNING, "outer step refused (%s): bound %s", problem.value, bound)
         return Snapshot(snap.revision + 1, state_hash(anchor, momentum), anchor, momentum), problem

@@ -146,7 +146,7 @@ def reduce_slice(
         if bound is not None and t_norm > bound:
             # past clip_factor x the bound (16x the median by default) is no honest spread: garbage,
             # and a member sending it whole sends it to every reducer, so every honest one bans it
-            gross = t_norm > clip_factor * bound
+            gross = len(parts) >= 3 and t_norm > clip_factor * bound  # 2 parts: no telling who is off
             flagged[peer] = Suspicion.GARBAGE_PART if gross else Suspicion.CLIPPED_PART
             flagged_norms[peer] = t_norm
             t = clip_to(t, bound)
@@ -154,16 +154,22 @@ def reduce_slice(
     return Reduced(aggregate(clipped, n, rule, trim_fraction), flagged, flagged_norms, bound)
 
 
-def check_slice(reduced: torch.Tensor, own: torch.Tensor | None, clip_factor: float) -> Suspicion | None:
-    """Whether a received reduced slice is plausible: finite, and within ``clip_factor`` x our own part.
+def check_slice(
+    reduced: torch.Tensor, own: torch.Tensor | None, clip_factor: float, floor: float = 0.0
+) -> Suspicion | None:
+    """Whether a received reduced slice is plausible: finite, and within ``clip_factor`` x our own part
+    or ``floor``, whichever is larger.
 
-    Without an own part (this member contributed weight 0) or with an all-zero
-    one there is no scale to compare with: only finiteness is checked.
+    Why both: a member that barely trained this round (its groups had no
+    signal) has a tiny own part, and honest peers' averages dwarf it; the
+    ``floor`` (a share of the anchor's own norm, see ``OuterSyncConfig.max_update``)
+    keeps it from refusing them. Without either scale only finiteness is checked.
     """
     if not bool(torch.isfinite(reduced).all()):
         return Suspicion.REDUCED_NOT_FINITE
     own_norm = 0.0 if own is None else norm(own)
-    if own_norm > 0 and norm(reduced) > clip_factor * own_norm * (1 + 1e-6):
+    limit = max(clip_factor * own_norm, floor)
+    if limit > 0 and norm(reduced) > limit * (1 + 1e-6):
         return Suspicion.REDUCED_TOO_LARGE
     return None
 
@@ -180,12 +186,13 @@ def max_step(own_norm: float, momentum_norm: float, lr: float, mu: float, nester
 
 
 def check_step(
-    anchor: torch.Tensor, new_anchor: torch.Tensor, new_momentum: torch.Tensor, bound: float | None
+    anchor: torch.Tensor, new_anchor: torch.Tensor, new_momentum: torch.Tensor, bound: float | None, floor: float = 0.0
 ) -> Suspicion | None:
-    """Why the outer step must not be applied (non-finite, or moved more than ``bound``), or None."""
+    """Why the outer step must not be applied (non-finite, or moved more than ``bound`` and ``floor``), or None."""
     if not (bool(torch.isfinite(new_anchor).all()) and bool(torch.isfinite(new_momentum).all())):
         return Suspicion.STEP_NOT_FINITE
     moved = norm(new_anchor - anchor)
-    if bound is not None and not (math.isfinite(moved) and moved <= bound):
+    limit = max(bound or 0.0, floor)
+    if limit > 0 and not (math.isfinite(moved) and moved <= limit):
         return Suspicion.STEP_TOO_LARGE
     return None

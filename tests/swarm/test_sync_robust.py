@@ -75,7 +75,7 @@ def test_honest_parts_are_not_clipped_and_mean_is_exact() -> None:
 def test_two_parts_are_bounded_by_the_reducers_own_part() -> None:
     honest = _honest(1)[0]
     out = reduce_slice([("a", honest), ("m", torch.full((N,), 1e30))], honest, N, "centered_clip", 0.2, 4.0)
-    assert out.flagged == {"m": Suspicion.GARBAGE_PART}
+    assert out.flagged == {"m": Suspicion.CLIPPED_PART}  # clipped; with 2 parts never called garbage
     assert norm(out.value) <= (1 + 4.0) / 2 * norm(honest) * (1 + 1e-6)
     assert norm_bound([1.0, 50.0], 1.0, 4.0) == 4.0
     assert norm_bound([2.0, 50.0], None, 4.0) == 8.0
@@ -112,6 +112,29 @@ def test_slice_check_refuses_garbage_and_passes_honest_means() -> None:
     nan[3] = math.nan
     assert check_slice(nan, honest[0], 4.0) is Suspicion.REDUCED_NOT_FINITE
     assert check_slice(torch.full((N,), 1e30), None, 4.0) is None  # weight 0: no scale to compare with
+
+
+def test_a_member_that_barely_trained_does_not_refuse_honest_peers() -> None:
+    # its groups had no signal: its own part is ~0, the honest average is not; found by the
+    # two-node integration test, where such a member refused every round and banned its partner
+    honest = _honest(3, seed=13)
+    tiny = 1e-4 * honest[0]
+    floor = 0.5 * 10 * norm(_mean(honest))  # max_update x an anchor slice 10x the average's norm
+    assert check_slice(_mean(honest), tiny, 4.0) is Suspicion.REDUCED_TOO_LARGE  # own part alone: refused
+    assert check_slice(_mean(honest), tiny, 4.0, floor) is None
+    assert check_slice(torch.full((N,), 1e30), tiny, 4.0, floor) is Suspicion.REDUCED_TOO_LARGE
+    assert check_slice(torch.full((N,), 1e30), None, 4.0, floor) is Suspicion.REDUCED_TOO_LARGE  # weight 0 too
+    anchor = torch.randn(N, generator=torch.Generator().manual_seed(4))
+    bound = max_step(norm(tiny), 0.0, 0.7, 0.9, True, 4.0)
+    a1, m1 = outer_step(anchor, torch.zeros(N), _mean(honest), 0.7, 0.9, True)
+    assert check_step(anchor, a1, m1, bound) is Suspicion.STEP_TOO_LARGE
+    assert check_step(anchor, a1, m1, bound, 0.5 * norm(anchor)) is None
+
+
+def test_two_parts_never_call_a_part_garbage() -> None:
+    honest = _honest(1)[0]
+    out = reduce_slice([("a", 1e-4 * honest), ("b", honest)], 1e-4 * honest, N, "mean", 0.2, 4.0)
+    assert out.flagged == {"b": Suspicion.CLIPPED_PART}  # clipped, but with 2 there is no telling who is off
 
 
 def test_step_check_bounds_the_outer_step() -> None:
