@@ -8,6 +8,7 @@ network sees is exactly the one our signatures are bound to.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import stat
@@ -96,3 +97,34 @@ def load_or_create(path: str | os.PathLike[str]) -> Identity:
     tmp.unlink()
     logger.info("created new identity %s at %s", key.peer_id, p)
     return Identity(key, p)
+
+
+class IdentityInUse(IdentityError):
+    """Another running process holds this identity: two nodes with one peer id would fight over it."""
+
+
+class IdentityLock:
+    """An exclusive ``flock`` on ``<identity>.lock`` held while a node runs; the kernel drops it when we exit."""
+
+    def __init__(self, identity: Identity) -> None:
+        self.path = identity.path.with_name(identity.path.name + ".lock")
+        self._fd: int | None = None
+
+    def acquire(self) -> IdentityLock:
+        """Take the lock, or raise :class:`IdentityInUse` naming the fix."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            key = self.path.with_name(self.path.name.removesuffix(".lock"))
+            raise IdentityInUse(
+                f"identity {key} is in use by another running node; pass --identity PATH for a second node"
+            ) from None
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the file drops the flock
+            self._fd = None

@@ -9,18 +9,24 @@ starts, its storage and cache are replaced by byte-budgeted ones
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import hivemind
+import torch
 from hivemind.dht.validation import RecordValidatorBase
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils.multiaddr import Multiaddr
 
+from swarm.addressbook import BookEntry, book_path, bootstrap_peers, load_book, merge, save_book
 from swarm.dht_storage import StorageBudget, StorageStats, install_budgets, storage_stats
 from swarm.errors import BootstrapFailed, PortInUse
 from swarm.identity import Identity
@@ -64,6 +70,11 @@ class MembershipConfig:
     use_auto_relay: bool = field(
         default=False, metadata={"help": "Look for a relay to be reachable through when behind NAT (use_auto_relay)."}
     )
+    address_book: bool = field(
+        default=True,
+        metadata={"help": "Keep peers seen in <identity>.peers.json and rejoin through them when --peers are gone."},
+    )
+    address_book_every_s: float = field(default=30.0, metadata={"help": "Longest wait between address book updates."})
     bootstrap_attempts: int = field(default=4, metadata={"help": "Tries to reach an initial peer before giving up."})
     bootstrap_backoff_s: float = field(default=1.0, metadata={"help": "First wait between tries; doubles each time."})
     startup_timeout_s: float = field(default=30.0, metadata={"help": "Bound on starting the DHT process."})
@@ -174,11 +185,13 @@ class Membership:
         return self.identity.peer_id
 
     def start(self) -> Membership:
-        """Start the DHT, retrying the bootstrap with exponential backoff."""
+        """Start the DHT, retrying the bootstrap with exponential backoff (from the 2nd try through the book too)."""
         delay = self.cfg.bootstrap_backoff_s
+        book = load_book(self.book_path) if self.cfg.address_book else []
         for attempt in range(1, self.cfg.bootstrap_attempts + 1):
+            peers = bootstrap_peers(attempt, self.cfg.initial_peers, book)
             try:
-                dht = self._start_dht()
+                dht = self._start_dht(peers)
                 self._install_budgets(dht)
                 self.dht = dht
                 break
@@ -194,7 +207,8 @@ class Membership:
                 if attempt == self.cfg.bootstrap_attempts:
                     raise BootstrapFailed(
                         f"none of the initial peers answered after {attempt} tries "
-                        f"({', '.join(self.cfg.initial_peers)}); check the address and that the node runs"
+                        f"({', '.join(self.cfg.initial_peers)}) nor any of the {len(book)} peers in the address book; "
+                        "check the --peer address and that the node runs"
                     ) from None
                 logger.warning(
                     "[%s] no initial peer answered (try %d); retrying in %.1fs", self.peer_id[-6:], attempt, delay
@@ -204,9 +218,34 @@ class Membership:
         self.loop = LoopThread(f"swarm-loop-{self.peer_id[-6:]}")
         assert self.dht is not None
         self._p2p = self.loop.run(self.dht.replicate_p2p(), self.cfg.startup_timeout_s)
+        if self.cfg.address_book:
+            asyncio.run_coroutine_threadsafe(self._keep_book(book), self.loop.loop)
         return self
 
-    def _start_dht(self) -> hivemind.DHT:
+    @property
+    def book_path(self) -> Path:
+        return book_path(self.identity.path)
+
+    async def _keep_book(self, book: list[BookEntry]) -> None:
+        """Add the peers connected now to the address book: soon after joining, then at most every N s.
+
+        Runs on the loop until :meth:`shutdown` cancels it; a failure is logged, never raised.
+        """
+        wait = min(2.0, self.cfg.address_book_every_s)
+        while True:
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, self.cfg.address_book_every_s)
+            try:
+                infos = await asyncio.wait_for(self.p2p.list_peers(), self.cfg.shutdown_timeout_s)
+                now = time.time()
+                seen = [BookEntry(i.peer_id.to_base58(), tuple(str(a) for a in i.addrs), now) for i in infos]
+                book = merge(book, seen, self.peer_id)
+                save_book(self.book_path, book)
+            except (OSError, RuntimeError, TimeoutError, P2PDaemonError) as e:
+                logger.debug("address book not updated: %s", e)
+
+    def _start_dht(self, initial_peers: tuple[str, ...]) -> hivemind.DHT:
+        shield_shm_manager()
         kwargs: dict[str, Any] = {
             "host_maddrs": [f"/ip4/{self.cfg.host}/tcp/{self.cfg.port}"],
             "identity_path": str(self.identity.path),
@@ -214,8 +253,8 @@ class Membership:
             "check_if_identity_free": False,
             "startup_timeout": self.cfg.startup_timeout_s,
         }
-        if self.cfg.initial_peers:
-            kwargs["initial_peers"] = list(self.cfg.initial_peers)
+        if initial_peers:
+            kwargs["initial_peers"] = list(initial_peers)
         if self.cfg.announce:
             kwargs["announce_maddrs"] = list(self.cfg.announce)
         if self.cfg.client_mode:
@@ -281,6 +320,28 @@ class Membership:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def shield_shm_manager() -> None:
+    """Start torch's shared-memory manager, if hivemind's sharing strategy needs one, deaf to SIGINT/SIGTERM.
+
+    hivemind shares tensors with the ``file_system`` strategy, whose first use
+    forks ``torch_shm_manager`` and reads its address in native code holding
+    the GIL. A Ctrl-C reaches the whole process group: if it kills the manager
+    before it answered, that read loops forever at 100% CPU and no signal
+    handler can run. Started here with the signals blocked, the manager
+    inherits the blocked mask and survives; ours is restored right after, so a
+    signal that came meanwhile is delivered then, not lost. Idempotent.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return  # the mask is per thread; a node starts its membership on the main thread
+    if torch.multiprocessing.get_sharing_strategy() != "file_system":
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        torch.empty(1, dtype=torch.uint8).share_memory_()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def peer_id_obj(peer_id: str) -> PeerID:

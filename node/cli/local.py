@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,8 @@ from typing import Any, TextIO
 
 from node.cli.errors import CliError
 from node.cli.main import node_args_to_list
-from node.cli.signals import install_stop_handlers
-from node.core.options import LocalOptions, default_of
+from node.cli.signals import stop_signals
+from node.core.options import LocalOptions, default_of, sync_partner_warning
 from node.dashboard.server import Dashboard, DashboardConfig, swarm_view
 from node.observe.metrics import read_events
 from protocol import short_id
@@ -123,8 +122,10 @@ def run_local(args: Any) -> int:
     for stale in [*log_dir.glob("node*.ready"), log_dir / "go"]:
         stale.unlink(missing_ok=True)
     models = _models(args)
-    stop = threading.Event()
-    install_stop_handlers(stop)
+    warning = sync_partner_warning(args.sync_every, args.rounds, [models[i % len(models)] for i in range(args.nodes)])
+    if warning:
+        print(f"swarm-node local: warning: {warning}", file=sys.stderr, flush=True)
+    stop = stop_signals(args, starting=False).stop
     children: list[Child] = []
     t0 = time.monotonic()
     dash = _start_dashboard(args, log_dir)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from node.cli.errors import EXIT_USAGE, CliError
 from node.cli.flags import add_option_flags
+from node.cli.signals import install_stop_handlers
 from node.core.options import JoinOptions, LocalOptions, NodeOptions, default_of, options_from, to_argv
 
 
@@ -78,6 +80,10 @@ COMMANDS = {
 }
 
 
+NODE_COMMANDS = ("start", "join", "local")
+"""Commands that run until stopped: signals are handled by :mod:`node.cli.signals` from the first moment."""
+
+
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse; with ``--config`` the file's values become defaults and flags are parsed again over them."""
     args = parser.parse_args(argv)
@@ -106,7 +112,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         configure_logging(getattr(args, "verbose", 0))
         module, func = COMMANDS[args.command].split(":")
-        return int(getattr(importlib.import_module(module), func)(args))
+        if args.command not in NODE_COMMANDS:
+            return int(getattr(importlib.import_module(module), func)(args))
+        # before the heavy imports: a KeyboardInterrupt raised inside one can be swallowed by a library
+        signals = args.stop_signals = install_stop_handlers(threading.Event(), starting=args.command != "local")
+        try:
+            return int(getattr(importlib.import_module(module), func)(args))
+        finally:
+            signals.uninstall()
     except CliError as e:
         print(f"swarm-node: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -4,7 +4,9 @@ Leaving: the first SIGINT/SIGTERM sets the node's stop event; the round in
 progress is abandoned before training or completed after it (an outer sync
 already running is finished, within its own time bound), then the node
 withdraws from sync, writes a final checkpoint and its summary event, and
-exits with status 0. :data:`LEAVE_BOUND_S` after the signal (plus an outer
+exits with status 0. A signal during start-up exits at once (status 128 +
+signal number; nothing to save yet, see :mod:`node.cli.signals`).
+:data:`LEAVE_BOUND_S` after the signal (plus an outer
 sync's bound if one was running) a watchdog ends the process with status 1
 regardless; a second Ctrl-C exits at once (status 130).
 """
@@ -22,11 +24,11 @@ from typing import Any
 
 from node.cli.errors import CliError
 from node.cli.main import parse_host_port
-from node.cli.signals import exit_now, install_stop_handlers
+from node.cli.signals import exit_now, stop_signals
 from node.core.assemble import node_configs
 from node.core.checkpoint import CheckpointError
 from node.core.node import Node
-from node.core.options import JoinOptions, NodeOptions, options_from
+from node.core.options import JoinOptions, NodeOptions, options_from, sync_partner_warning
 from node.dashboard.server import Dashboard, DashboardConfig, node_view
 from node.observe.reach import reachability_advice
 from swarm.errors import SwarmError
@@ -35,7 +37,8 @@ from swarm.membership import parse_peer_multiaddr
 
 logger = logging.getLogger(__name__)
 
-LEAVE_BOUND_S = 30.0
+LEAVE_BOUND_S = 25.0
+"""Leaving after a signal is cut off after this long: below the 30 s a supervisor (or the user) waits."""
 EXIT_LEAVE_TIMEOUT = 1
 
 
@@ -126,8 +129,12 @@ def _start_dashboard(node: Node, args: Any) -> Dashboard | None:
 
 def run_node(args: Any) -> int:
     """Start (or join), run the configured rounds, then leave cleanly."""
+    signals = stop_signals(args, starting=True)
+    warning = sync_partner_warning(args.sync_every, args.rounds)  # others' models are unknown here
+    if warning:
+        print(f"swarm-node: warning: {warning}", file=sys.stderr, flush=True)
     node = build_node(args)
-    install_stop_handlers(node.stop_event)
+    node.stop_event = signals.stop
     start_leave_watchdog(node)
     dash: Dashboard | None = None
     try:
@@ -137,6 +144,7 @@ def run_node(args: Any) -> int:
         node.shutdown()
         raise CliError(str(e)) from None
     try:
+        signals.started()  # before "is up": whoever sees that line may signal, and gets a clean leave
         _announce(node, args, dash.url if dash else "")
         if args.go_file:
             _wait_for_go(Path(args.go_file), node)

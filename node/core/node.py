@@ -37,7 +37,7 @@ from node.training.models import load_model
 from node.training.policy import Policy
 from node.training.tokenizer import max_token_chars
 from protocol import RolloutBatch, RolloutGroup, short_id
-from swarm.identity import load_or_create
+from swarm.identity import IdentityLock, load_or_create
 
 logger = logging.getLogger(__name__)
 progress = logging.getLogger(PROGRESS)
@@ -79,6 +79,7 @@ class Node:
         self.peers_seen = SeenPeers()
         self._checkpointed = -1  # round of the last checkpoint written or loaded
         self._digest_start = ""  # weights' digest at start (set once the model is loaded)
+        self._identity_lock: IdentityLock | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -87,9 +88,12 @@ class Node:
         if self.cfg.max_threads:
             torch.set_num_threads(self.cfg.max_threads)
         identity = load_or_create(self.cfg.identity)
+        # one running node per key: a second p2pd with the same peer id would break both nodes' connections
+        self._identity_lock = IdentityLock(identity).acquire()
         self.peer_id = identity.peer_id
         self._tag = CONTEXT.peer = short_id(self.peer_id)
         device = resolve_device(self.cfg.device)
+        logger.info("start-up: loading model %s", self.cfg.model)
         model, tokenizer, model_id = load_model(self.cfg.model, seed=self.cfg.seed, device=device)
         self.policy = Policy(model, tokenizer, model_id, device)
         self.policy.stop = self.stop_event.is_set
@@ -100,7 +104,9 @@ class Node:
         self.acceptance = self._acceptance()
         self._digest_start = params_digest(model)
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+        logger.info("start-up: joining the swarm")
         self.links = self._links_factory(identity, self.parts, model, self.clock)
+        logger.info("start-up: joined the swarm")
         self.exchange, self.sync = self.links.exchange, self.links.sync
         if self.exchange is not None:
             self.network = NetworkWorker(self.exchange, inline=not self.cfg.overlap_network)
@@ -174,6 +180,8 @@ class Node:
             self.links.leave()
         if self.metrics is not None:
             self.metrics.close()
+        if self._identity_lock is not None:  # last: the DHT and p2pd using this identity have stopped
+            self._identity_lock.release()
         self.sync, self.exchange, self.links, self.metrics, self.network = None, None, None, None, None
 
     def _final_checkpoint(self) -> None:

@@ -201,3 +201,28 @@ def options_from(cls: type[NodeOptions], values: Any) -> NodeOptions:
         v = getattr(values, f.name)
         kwargs[f.name] = tuple(v) if isinstance(v, list) else v
     return cls(**kwargs)
+
+
+def sync_partner_warning(sync_every: int, rounds: int, models: list[str] | None = None) -> str | None:
+    """Why ``--sync-every`` can never find a partner, in one sentence; None if it might.
+
+    ``models`` is each node's model where all are known (``local``). A single
+    ``start`` or ``join`` cannot know what others will run, so only ``--rounds``
+    can rule the sync out there.
+
+    >>> sync_partner_warning(2, 20, ["tiny-s", "tiny-m", "tiny-l"])[:40]
+    '--sync-every 2: no two of the 3 nodes ru'
+    >>> sync_partner_warning(2, 20, ["tiny-s", "tiny-m", "tiny-s"]) is None
+    True
+    """
+    if sync_every <= 0:
+        return None
+    if 0 < rounds < sync_every:
+        return f"--sync-every {sync_every} never syncs: the run ends after --rounds {rounds}; lower --sync-every"
+    if models is not None and len(set(models)) == len(models):
+        return (
+            f"--sync-every {sync_every}: no two of the {len(models)} nodes run the same model "
+            f"({', '.join(models)}), and only same-architecture peers sync; repeat a model in --models "
+            f"(e.g. --models {models[0]},{models[0]})"
+        )
+    return None
