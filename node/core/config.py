@@ -52,8 +52,9 @@ class NodeConfig:
     network_wait_s: float = field(
         default=0.05,
         metadata={
-            "help": "Longest a round waits, after generating, for the collect it started; a slower collect "
-            "(a flooded DHT, slow peers) is ingested by a later round. Bounds what the network costs a round."
+            "help": "Longest a round waits, after generating, for the collect it started (never longer than its "
+            "generation took); a slower collect (a flooded DHT, slow peers) is ingested by a later round. Bounds "
+            "what the network costs a round."
         },
     )
     log_dir: str = field(default="runs", metadata={"help": "Metrics go to <log_dir>/<peer-short-id>/."})

@@ -224,7 +224,7 @@ class Node:
         if self.stop_event.is_set():
             self._abort_round("generation")
             return None
-        collected = self._share_and_collect(local)
+        collected = self._share_and_collect(local, wait_s=min(self.cfg.network_wait_s, t_gen - t0))
         t_collect = time.monotonic()
         if self.stop_event.is_set():
             self._abort_round("collecting")
@@ -349,10 +349,12 @@ class Node:
         since = self.clock() - self.parts.exchange.descriptor_ttl_s
         self.network.request_collect(CollectJob(since=since, limit=self.cfg.collect_limit))
 
-    def _share_and_collect(self, local: list[TrainGroup]) -> Collected:
+    def _share_and_collect(self, local: list[TrainGroup], wait_s: float) -> Collected:
         """Hand this round's batch to the publisher; ingest the newest finished collect.
 
-        Waits for the collect under way at most ``network_wait_s`` (see :mod:`node.core.network`).
+        Waits for the collect under way at most ``wait_s``: ``network_wait_s``, and never longer than
+        this round's own generation took, so the network can at most double a round's own work
+        (see :mod:`node.core.network`).
         """
         if self.network is None:
             return Collected()
@@ -360,7 +362,7 @@ class Node:
         self.exchange.round = self.round
         if self.cfg.share:
             self.network.publish(self._batch(local))
-        result = self.network.take(self.cfg.network_wait_s)
+        result = self.network.take(wait_s)
         if result is None:
             return Collected()
         collected = ingest(result, self.pool, self.peers_seen, self.acceptance, self.parts.ingest)

@@ -84,7 +84,10 @@ class NodeOptions:
         False, "each round waits for its own publish and collect (default: they run beside the rounds)", inherit=True
     )
     network_wait: float = option(
-        0.05, "longest a round waits for the collect it started (s); a slower one is ingested later", inherit=True
+        0.05,
+        "longest a round waits for the collect it started (s; at most its own generation time); a slower one is "
+        "ingested later",
+        inherit=True,
     )
     log_dir: str = option("runs", "metrics go to <log-dir>/<peer-short-id>/metrics.jsonl")
     device: str = option("auto", "auto, cpu, cuda or mps", inherit=True)

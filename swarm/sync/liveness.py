@@ -45,6 +45,7 @@ class Prober:
         self._m, self._service, self.timeout_s = membership, service, timeout_s
         self._me = membership.peer_id
         self._pings: dict[str, concurrent.futures.Future[bool]] = {}
+        self._seen: set[str] = set()
         self._revision = -1
 
     def _submit(self, peer: str, timeout: float) -> concurrent.futures.Future[bool]:
@@ -60,11 +61,18 @@ class Prober:
         for fut in self._pings.values():
             fut.cancel()
         self._pings.clear()
+        self._seen.clear()
         self._revision = revision
 
     def see(self, joiners: Collection[str]) -> None:
-        """Joiners read from the DHT: ping each new one, and let their parts wait for this member's group."""
-        self._service.expect(self._revision, joiners)
+        """Joiners read from the DHT: ping each new one, and let their parts wait for this member's group.
+
+        Every joiner seen this round stays expected until the group is decided: a member that decided
+        first may send its part while this one still waits for pings, and must not be refused then.
+        """
+        if len(self._seen) < MAX_PROBED:
+            self._seen.update(joiners)
+        self._service.expect(self._revision, frozenset(self._seen))
         for peer in joiners:
             if peer not in self._pings and peer != self._me and len(self._pings) < MAX_PROBED:
                 self._pings[peer] = self._submit(peer, self.timeout_s)

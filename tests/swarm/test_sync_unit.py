@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any, cast
 
 import pytest
 import torch
@@ -320,3 +321,34 @@ def test_replayed_records_from_another_round_or_kind_are_rejected() -> None:
     assert not kept and "envelope is of kind" in rejected[0]
     future = seal_record(STATE_KIND, _state(a, 2, H0, created=10_000.0), alice)
     assert not open_records({a: future}, STATE_KIND, StateRecord.from_wire, lambda r: None, 10.0)[0]
+
+
+def test_prober_keeps_every_joiner_seen_expected_until_the_group_is_decided() -> None:
+    # a member that decided first sends its part while this one still waits for pings: it must wait,
+    # not be refused as an unknown group (the fresh-clone run lost 2 of 8 honest rounds to this)
+    from swarm.sync.liveness import Prober
+
+    class Service:
+        def __init__(self) -> None:
+            self.expected: frozenset[str] = frozenset()
+
+        def expect(self, revision: int, joiners: Any) -> None:
+            self.expected = frozenset(joiners)
+
+        def expect_nothing(self) -> None:
+            self.expected = frozenset()
+
+    class Member:
+        peer_id, loop = "me", None
+
+    service = Service()
+    prober = Prober(cast(Any, Member()), cast(Any, service), 0.05)
+    prober.reset(3)
+    prober.see(["a", "b"])
+    assert prober.answered(["a", "b", "c"]) == set()  # no loop: nobody answers
+    assert service.expected == {"a", "b", "c"}
+    prober.expect(["a"])
+    assert service.expected == {"a"}
+    prober.reset(4)
+    prober.see(["d"])
+    assert service.expected == {"d"}
