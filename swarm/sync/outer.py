@@ -290,16 +290,14 @@ class OuterSync:
         """
         if (got.revision, got.state_hash) != (target.revision, target.state_hash):
             return CatchUpRefusal.OFF_TARGET
+        finite = bool(torch.isfinite(got.anchor).all()) and bool(torch.isfinite(got.momentum).all())
         if self._newcomer() and set(target.donors) & self._bootstrap:
-            finite = bool(torch.isfinite(got.anchor).all()) and bool(torch.isfinite(got.momentum).all())
             return None if finite else CatchUpRefusal.NOT_FINITE
         own = self._snap.anchor
-        finite = bool(torch.isfinite(got.anchor).all()) and bool(torch.isfinite(got.momentum).all())
-        shift = float(torch.linalg.vector_norm(got.anchor - own)) if finite else math.inf
-        momentum = float(torch.linalg.vector_norm(got.momentum)) if finite else math.inf
-        own_norm = float(torch.linalg.vector_norm(own))
+        shift = norm(got.anchor - own) if finite else math.inf
+        momentum = norm(got.momentum) if finite else math.inf
         return check_downloaded_state(
-            own_norm, shift, momentum, finite, self.cfg.max_state_shift, self.cfg.outer_momentum
+            norm(own), shift, momentum, finite, self.cfg.max_state_shift, self.cfg.outer_momentum
         )
 
     def _install(self, snap: Snapshot, caught_up: bool = False) -> None:
