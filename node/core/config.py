@@ -53,8 +53,8 @@ class NodeConfig:
         default=0.05,
         metadata={
             "help": "Longest a round waits, after generating, for the collect it started (never longer than its "
-            "generation took); a slower collect (a flooded DHT, slow peers) is ingested by a later round. Bounds "
-            "what the network costs a round."
+            "generation took), and only if recent collects say it can land in that time; a slower collect (a flooded "
+            "DHT, slow peers) is ingested by a later round. Bounds what the network costs a round."
         },
     )
     log_dir: str = field(default="runs", metadata={"help": "Metrics go to <log_dir>/<peer-short-id>/."})

@@ -21,12 +21,22 @@ nothing else in the node is shared between threads.
 
 ``inline=True`` runs each step in the caller, in the order publish then
 collect, for tests that script a round exactly and for ``--wait-network``.
+
+A round waits only for a collect expected to land within its budget
+(:func:`wait_budget`): under a flood every collect takes several rounds, and
+a round that waited its whole budget for one that could not finish in it
+lost that time for nothing (measured: rounds at 2.05-2.26x their baseline on
+a slower 2-core machine, all three honest nodes, when every round waited).
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from node.core.links import Exchange
@@ -34,6 +44,18 @@ from protocol import RolloutBatch
 from swarm.exchange import CollectResult
 
 logger = logging.getLogger(__name__)
+
+
+def wait_budget(now: float, started: float, recent_s: Sequence[float], wait_s: float) -> float:
+    """Seconds worth waiting for a collect that began at ``started``: ``wait_s``, or 0 if it cannot land in time.
+
+    ``recent_s`` are the last collects' durations; their median predicts this
+    one's end. With no history every collect is worth its budget.
+    """
+    if not recent_s:
+        return wait_s
+    expected_end = started + statistics.median(recent_s)
+    return wait_s if expected_end <= now + wait_s else 0.0
 
 
 @dataclass(frozen=True)
@@ -54,7 +76,14 @@ class NetworkWorker:
     taken, so results never pile up; a newer request replaces one not started.
     """
 
-    def __init__(self, exchange: Exchange, *, inline: bool = False, max_pending: int = 2) -> None:
+    def __init__(
+        self,
+        exchange: Exchange,
+        *,
+        inline: bool = False,
+        max_pending: int = 2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending={max_pending}; use 1 or more")
         self._exchange = exchange
@@ -65,6 +94,9 @@ class NetworkWorker:
         self._job: CollectJob | None = None
         self._result: CollectResult | None = None
         self._publishing = self._collecting = False
+        self._clock = clock
+        self._collect_started = 0.0
+        self._durations: deque[float] = deque(maxlen=8)  # the last collects', to predict the next one's end
         self._closed = False
         self.dropped_batches = 0
         self._threads: list[threading.Thread] = []
@@ -95,14 +127,19 @@ class NetworkWorker:
     def take(self, wait_s: float) -> CollectResult | None:
         """The newest finished collect, waiting at most ``wait_s`` for the one under way; None if none is ready.
 
-        Inline, the requested collect runs now, however long it takes.
+        The wait is skipped when recent collects say the one under way will not
+        finish within ``wait_s`` (:func:`wait_budget`). Inline, the requested
+        collect runs now, however long it takes.
         """
         if self._inline:
             with self._cond:
                 job, self._job = self._job, None
             return self._collect(job) if job is not None else None
         with self._cond:
-            self._cond.wait_for(self._taken_or_nothing_coming, wait_s)
+            now = self._clock()
+            started = self._collect_started if self._collecting else now
+            budget = wait_budget(now, started, list(self._durations), wait_s)
+            self._cond.wait_for(self._taken_or_nothing_coming, budget)
             result, self._result = self._result, None
             self._cond.notify_all()
         return result
@@ -163,12 +200,14 @@ class NetworkWorker:
                     return
                 job, self._job = self._job, None
                 self._collecting = True
+                self._collect_started = self._clock()
             result: CollectResult | None = None
             try:
                 assert job is not None
                 result = self._collect(job)
             finally:
                 with self._cond:
+                    self._durations.append(self._clock() - self._collect_started)
                     self._collecting = False
                     self._result = result
                     self._cond.notify_all()

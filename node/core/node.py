@@ -353,8 +353,8 @@ class Node:
         """Hand this round's batch to the publisher; ingest the newest finished collect.
 
         Waits for the collect under way at most ``wait_s``: ``network_wait_s``, and never longer than
-        this round's own generation took, so the network can at most double a round's own work
-        (see :mod:`node.core.network`).
+        this round's own generation took, so the network can at most double a round's own work, and
+        not at all for a collect that recent ones say cannot land in that time (see :mod:`node.core.network`).
         """
         if self.network is None:
             return Collected()

@@ -90,6 +90,8 @@ class Figures:
     median_round_s_before: float
     median_round_s: float
     rejected: dict[str, int]
+    # median seconds per phase, before -> under the attack: what a slower round spent its time on
+    phases: dict[str, tuple[float, float]]
     rss_growth_mb: float = 0.0
 
     @classmethod
@@ -110,7 +112,13 @@ class Figures:
             median_round_s_before=statistics.median(r["round_s"] for r in base),
             median_round_s=statistics.median(r["round_s"] for r in hit) if hit else float("inf"),
             rejected=reasons,
+            phases={k: (_median(base, k), _median(hit, k)) for k in ("generate_s", "share_s", "train_s", "collect_s")},
         )
+
+
+def _median(rounds: list[dict[str, Any]], key: str) -> float:
+    values = [r[key] for r in rounds if r.get(key) is not None]  # collect_s: only rounds that ingested one
+    return statistics.median(values) if values else float("nan")
 
 
 def start_attacker(swarm: Swarm, peer: str, *extra: str) -> tuple[Proc, Path]:
@@ -163,17 +171,19 @@ def test_honest_swarm_holds_against_every_attack_at_once(swarm: Swarm) -> None:
         assert f.rounds >= 10, f"{name}: only {f.rounds} rounds under attack"
         assert f.honest_share >= 0.5, f"{name}: honest share {f.honest_share:.2f} under the flood"
         assert f.honest_peers_heard == len(honest) - 1, f"{name}: trained on {f.honest_peers_heard} honest peers"
-        # Starvation would be ~0. Measured on 2 shared cores: 1.4-2.5 -> 0.63-0.99 honest groups per round:
-        # the attacker's CPU and its slow DHT hosts make every collect 0.09-0.11 -> 0.29-0.44 s, and rounds
-        # no longer wait for it. Before rounds stopped waiting: 3.4 -> 3.4 per round, but 56 -> 12 per
-        # second, the rounds themselves 4.6x slower.
-        assert f.honest_per_round >= 0.2 * f.honest_per_round_before, (
-            f"{name}: {f.honest_per_round:.2f} honest external groups per round, {f.honest_per_round_before:.2f} before"
+        # Starvation would be ~0. What remains is the DHT's pace: the attacker's slow DHT hosts are among the
+        # replicas every store and every latest-value read waits for, so collects take 0.03-0.10 -> 0.44-0.53 s
+        # and each honest publisher gets ~2 batches a second stored. Measured on 2 shared cores: 29-51 -> 4.5-6.0
+        # honest groups per second (0.22-0.37x per round: rounds no longer wait for collects, and take them
+        # when they land).
+        assert f.honest_per_s >= 1.0, (
+            f"{name}: {f.honest_per_s:.2f} honest external groups per second, {f.honest_per_s_before:.2f} before"
         )
-        # A round waits for the network at most --network-wait (0.05 s) and never longer than its own
-        # generation took: measured median 0.045-0.084 s -> 0.067-0.133 s (1.05-1.64x, part of it the
-        # attacker's CPU slowing generation); when each round waited for its own publish and collect,
-        # 0.06-0.09 -> 0.33-0.43 s (5.5x)
+        # A round waits for the network at most --network-wait (0.05 s), never longer than its own generation
+        # took, and only for a collect that recent ones say can land in that time. Measured median
+        # 0.035-0.052 s -> 0.038-0.074 s (0.74-1.7x, the rest the attacker's CPU slowing generation: b's
+        # 0.042 -> 0.064 s). When every round waited its whole bound: 2.05-2.26x on a slower 2-core machine;
+        # when each round waited for its own publish and collect (--wait-network): 0.06-0.09 -> 0.33-0.43 s (5.5x).
         assert f.median_round_s <= 2 * f.median_round_s_before, (
             f"{name}: median round {f.median_round_s:.3f}s under attack, {f.median_round_s_before:.3f}s before"
         )

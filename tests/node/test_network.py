@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from node.core.network import CollectJob, NetworkWorker
+from node.core.network import CollectJob, NetworkWorker, wait_budget
 from protocol import RolloutBatch
 from swarm.exchange import CollectResult
 
@@ -109,6 +109,54 @@ def test_take_returns_at_once_when_no_collect_is_coming(worker: NetworkWorker) -
     t0 = time.monotonic()
     assert worker.take(HOLD_S) is None
     assert time.monotonic() - t0 < HOLD_S / 2
+
+
+def test_wait_budget_is_the_bound_unless_recent_collects_say_it_cannot_land() -> None:
+    assert wait_budget(now=5.0, started=5.0, recent_s=[], wait_s=0.05) == 0.05  # no history: wait
+    assert wait_budget(now=5.02, started=5.0, recent_s=[0.03, 0.04, 0.05], wait_s=0.05) == 0.05
+    assert wait_budget(now=5.02, started=5.0, recent_s=[0.3, 0.4, 0.35], wait_s=0.05) == 0.0
+    assert wait_budget(now=5.34, started=5.0, recent_s=[0.3, 0.4, 0.35], wait_s=0.05) == 0.05  # nearly done
+    assert wait_budget(now=5.0, started=5.0, recent_s=[0.01, 0.01, 9.0], wait_s=0.05) == 0.05  # one outlier
+
+
+class TimedExchange(HeldExchange):
+    """A held exchange whose collects each take ``collect_s`` on a fake clock."""
+
+    def __init__(self, collect_s: float) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.collect_s = collect_s
+
+    def collect(self, since: float, limit: int) -> CollectResult:
+        result = super().collect(since, limit)
+        self.now += self.collect_s
+        return result
+
+
+@pytest.mark.parametrize("collect_s", [0.01, 1.0])
+def test_a_round_waits_only_for_a_collect_that_can_land_within_its_bound(collect_s: float) -> None:
+    ex = TimedExchange(collect_s)
+    w = NetworkWorker(ex, clock=lambda: ex.now)
+    try:
+        ex.release_collect.set()
+        for since in range(3):  # a history of collects that each took collect_s
+            w.request_collect(CollectJob(float(since), 8))
+            assert w.take(HOLD_S) is not None
+        ex.release_collect.clear()
+        w.request_collect(CollectJob(3.0, 8))
+        inside_collect(ex)
+        threading.Timer(0.2, ex.release_collect.set).start()  # lands 0.2 s (real) into the round's wait
+        t0 = time.monotonic()
+        result = w.take(0.5)
+        waited = time.monotonic() - t0
+        if collect_s < 0.5:  # expected within the bound: the round waits and ingests it
+            assert result is not None and waited >= 0.1
+        else:  # collects take longer than the bound: waiting would be lost time, a later round takes it
+            assert result is None and waited < 0.1
+            assert w.take(HOLD_S) is not None
+    finally:
+        ex.release_collect.set()
+        assert w.close(HOLD_S)
 
 
 def test_a_held_publish_delays_neither_the_round_nor_the_collect(held: HeldExchange, worker: NetworkWorker) -> None:
