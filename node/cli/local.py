@@ -122,7 +122,9 @@ def run_local(args: Any) -> int:
     for stale in [*log_dir.glob("node*.ready"), log_dir / "go"]:
         stale.unlink(missing_ok=True)
     models = _models(args)
-    warning = sync_partner_warning(args.sync_every, args.rounds, [models[i % len(models)] for i in range(args.nodes)])
+    warning = sync_partner_warning(
+        args.sync_every, args.rounds, [models[i % len(models)] for i in range(args.nodes)], args.sync_period
+    )
     if warning:
         print(f"swarm-node local: warning: {warning}", file=sys.stderr, flush=True)
     stop = stop_signals(args, starting=False).stop

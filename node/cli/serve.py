@@ -130,7 +130,9 @@ def _start_dashboard(node: Node, args: Any) -> Dashboard | None:
 def run_node(args: Any) -> int:
     """Start (or join), run the configured rounds, then leave cleanly."""
     signals = stop_signals(args, starting=True)
-    warning = sync_partner_warning(args.sync_every, args.rounds)  # others' models are unknown here
+    warning = sync_partner_warning(
+        args.sync_every, args.rounds, sync_period=args.sync_period
+    )  # others' models are unknown here
     if warning:
         print(f"swarm-node: warning: {warning}", file=sys.stderr, flush=True)
     node = build_node(args)

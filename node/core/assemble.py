@@ -34,10 +34,22 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
     rec = recommended_defaults(opts.model)
     if opts.sync_every < 0:
         raise ValueError(f"--sync-every {opts.sync_every}: use 0 (off) or a positive number of rounds")
+    if not (opts.sync_period == 0 or opts.sync_period >= 1):
+        raise ValueError(f"--sync-period {opts.sync_period:g}: use 0 (count --sync-every rounds) or at least 1 second")
+    if not opts.sync_window > 0:
+        raise ValueError(f"--sync-window {opts.sync_window:g}: use a positive number of seconds (default 5)")
+    if not opts.sync_timeout >= OuterSyncConfig.dht_timeout_s:
+        raise ValueError(
+            f"--sync-timeout {opts.sync_timeout:g}: use at least {OuterSyncConfig.dht_timeout_s:g} seconds (one DHT "
+            "call's bound; default 60)"
+        )
     sync = None
-    if opts.sync_every > 0:
+    if opts.sync_every > 0 or opts.sync_period != 0:
+        defaults = OuterSyncConfig()
         sync = OuterSyncConfig(
-            sync_every=opts.sync_every, compression=opts.sync_compression, outer_lr=opts.outer_lr,
+            sync_every=opts.sync_every or defaults.sync_every, sync_period_s=opts.sync_period,
+            eager=not opts.sync_blocking, matchmaking_timeout_s=opts.sync_window,
+            allreduce_timeout_s=opts.sync_timeout, compression=opts.sync_compression, outer_lr=opts.outer_lr,
             aggregator=opts.sync_aggregator,
         )  # fmt: skip
     membership = MembershipConfig(

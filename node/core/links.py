@@ -21,6 +21,7 @@ from swarm.exchange import CollectResult, RolloutExchange
 from swarm.identity import Identity
 from swarm.membership import Membership
 from swarm.sync import OuterSync, OuterSyncConfig, SyncReport
+from swarm.sync.runner import SyncRunner
 from swarm.validation import SignedRecordValidator, swarm_record_validator
 
 
@@ -47,9 +48,14 @@ class Exchange(Protocol):
 
 
 class Sync(Protocol):
-    """What a round needs from the outer sync (see :class:`swarm.sync.OuterSync`)."""
+    """What a round needs from the outer sync (see :class:`swarm.sync.runner.SyncRunner`)."""
+
+    @property
+    def busy(self) -> bool: ...
 
     def maybe_sync(self, inner_step: int) -> SyncReport | None: ...
+
+    def finish(self, timeout_s: float) -> SyncReport | None: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -90,7 +96,9 @@ def hivemind_links(identity: Identity, parts: NodeParts, model: torch.nn.Module,
     try:
         exchange = RolloutExchange(membership, parts.exchange, clock=clock)
         exchange.start()
-        sync = OuterSync(membership, model, parts.sync, clock=clock) if parts.sync is not None else None
+        sync = None
+        if parts.sync is not None:
+            sync = SyncRunner(OuterSync(membership, model, parts.sync, clock=clock), clock=clock)
     except BaseException:
         membership.shutdown()
         raise

@@ -38,11 +38,15 @@ from node.training.policy import Policy
 from node.training.tokenizer import max_token_chars
 from protocol import RolloutBatch, RolloutGroup, short_id
 from swarm.identity import IdentityLock, load_or_create
+from swarm.sync import SyncReport
 
 logger = logging.getLogger(__name__)
 progress = logging.getLogger(PROGRESS)
 
 NETWORK_CLOSE_S = 5.0
+SYNC_LEAVE_WAIT_S = 15.0
+"""Longest leaving waits for a sync running beside training (so its commit is kept); after it the node
+leaves without it, within the leave bound (the other members see a lost voter and abort that round)."""
 """How long leaving waits for a publish or collect under way (it is bounded anyway; SIGTERM must exit in 30 s)."""
 
 
@@ -161,6 +165,9 @@ class Node:
     def shutdown(self) -> None:
         """Withdraw from sync, write the final checkpoint and summary, leave the swarm; safe to call twice."""
         if self.sync is not None:
+            report = self.sync.finish(SYNC_LEAVE_WAIT_S)  # a sync under way: its commit is kept and checkpointed
+            if report is not None:
+                self._write_sync(report)
             self.sync.close()
         if self.metrics is not None and hasattr(self, "policy"):
             self._final_checkpoint()
@@ -307,9 +314,11 @@ class Node:
         )  # fmt: skip
 
     def _maybe_sync(self) -> str:
-        """DiLoCo outer sync every ``sync_every`` rounds (one round = one inner step); skipped when leaving.
+        """DiLoCo outer sync on its schedule (see :class:`swarm.sync.runner.SyncRunner`); skipped when leaving.
 
-        Returns a few words for the progress line ("" if no sync ran).
+        By default a due sync starts beside training and this returns at once; a
+        finished one is applied here, at the round boundary. Returns a few words
+        for the progress line ("" if no sync ended).
         """
         if self.sync is None or self.stop_event.is_set():
             return ""
@@ -320,15 +329,19 @@ class Node:
             self.in_sync = False
         if report is None:
             return ""
-        assert self.metrics is not None
-        fields = report.to_metrics()
-        fields.pop("event", None)
-        self.metrics.write("sync", **fields)
-        state = "committed" if report.committed else f"skipped ({report.reason})"
+        self._write_sync(report)
+        state = report.outcome.value if report.cause is None else f"{report.outcome.value}: {report.cause.value}"
         logger.info(
             "outer sync %s: revision %d, group of %d (%.2fs)", state, report.revision, report.group_size, report.sync_s
         )
-        return f" | sync r{report.revision} {state}"
+        return f" | sync rev {report.revision} {state}"
+
+    def _write_sync(self, report: SyncReport) -> None:
+        if self.metrics is None:
+            return
+        fields = report.to_metrics()
+        fields.pop("event", None)
+        self.metrics.write("sync", **fields)
 
     def _generate_local(self, items: list[TaskItem]) -> list[TrainGroup]:
         completions = self.policy.generate(

@@ -94,6 +94,21 @@ class NodeOptions:
     max_threads: int = option(0, "cap torch CPU threads (0: torch default)")
     verbose: int = option(0, "more log detail (-vv for debug)", short="-v", count=True, inherit=True)
     sync_every: int = option(0, "rounds between outer syncs (H); 0 turns sync off", group=SYNC, inherit=True)
+    sync_period: float = option(
+        0.0,
+        "sync on a shared clock instead: every peer of an architecture starts a sync at each multiple of this many "
+        "seconds of wall time, so peers of different speeds meet (turns the sync on; e.g. 60)",
+        group=SYNC,
+        inherit=True,
+    )
+    sync_blocking: bool = option(
+        False, "training waits for each sync (default: it runs beside training, applied one step late)", group=SYNC,
+        inherit=True,
+    )  # fmt: skip
+    sync_window: float = option(
+        5.0, "gather window: peers arriving within it form a group (s)", group=SYNC, inherit=True
+    )
+    sync_timeout: float = option(60.0, "bound on one sync's all-reduce (s)", group=SYNC, inherit=True)
     sync_compression: str = option("none", "none, fp16 or int8", group=SYNC, inherit=True)
     outer_lr: float = option(0.7, "outer Nesterov SGD learning rate", group=SYNC, inherit=True)
     sync_aggregator: str = option(
@@ -206,8 +221,10 @@ def options_from(cls: type[NodeOptions], values: Any) -> NodeOptions:
     return cls(**kwargs)
 
 
-def sync_partner_warning(sync_every: int, rounds: int, models: list[str] | None = None) -> str | None:
-    """Why ``--sync-every`` can never find a partner, in one sentence; None if it might.
+def sync_partner_warning(
+    sync_every: int, rounds: int, models: list[str] | None = None, sync_period: float = 0.0
+) -> str | None:
+    """Why ``--sync-every`` (or ``--sync-period``) can never find a partner, in one sentence; None if it might.
 
     ``models`` is each node's model where all are known (``local``). A single
     ``start`` or ``join`` cannot know what others will run, so only ``--rounds``
@@ -218,13 +235,14 @@ def sync_partner_warning(sync_every: int, rounds: int, models: list[str] | None 
     >>> sync_partner_warning(2, 20, ["tiny-s", "tiny-m", "tiny-s"]) is None
     True
     """
-    if sync_every <= 0:
+    if sync_every <= 0 and sync_period <= 0:
         return None
-    if 0 < rounds < sync_every:
+    flag = f"--sync-period {sync_period:g}" if sync_period > 0 else f"--sync-every {sync_every}"
+    if sync_period <= 0 and 0 < rounds < sync_every:
         return f"--sync-every {sync_every} never syncs: the run ends after --rounds {rounds}; lower --sync-every"
     if models is not None and len(set(models)) == len(models):
         return (
-            f"--sync-every {sync_every}: no two of the {len(models)} nodes run the same model "
+            f"{flag}: no two of the {len(models)} nodes run the same model "
             f"({', '.join(models)}), and only same-architecture peers sync; repeat a model in --models "
             f"(e.g. --models {models[0]},{models[0]})"
         )

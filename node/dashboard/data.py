@@ -106,8 +106,10 @@ class NodeView:
         self.totals["sync_bytes"] += int(ev.get("bytes_sent") or 0)
         if ev.get("committed"):
             self.totals["sync_committed"] += 1
-        else:
-            self.sync_aborted[str(ev.get("reason") or "unknown")] += 1
+        elif ev.get("reason") == "no partner":  # nobody to sync with is not a failed round
+            self.totals["sync_no_partner"] += 1
+        else:  # the cause; files written before causes existed carry it in the reason
+            self.sync_aborted[str(ev.get("cause") or ev.get("reason") or "unknown")] += 1
 
     def bytes(self, direction: str) -> int:
         """Rollout payload bytes in or out over all of this node's runs."""
@@ -134,6 +136,7 @@ class NodeView:
             "accepted": t["accepted_groups"], "used": t["external_groups"], "rejected": dict(self.rejected),
             "fetch_failed": t["fetch_failed"], "mismatches": t["reward_mismatches"],
             "dropped_zero_adv": t["dropped_zero_adv"], "sync_committed": t["sync_committed"],
+            "sync_no_partner": t["sync_no_partner"],
             "sync_aborted": dict(self.sync_aborted), "revision": self.revision, "state_hash": self.state_hash[:12],
             "bytes_in": self.bytes("bytes_in"), "bytes_out": self.bytes("bytes_out"), "sync_bytes": t["sync_bytes"],
             "round_s": self.last.get("round_s"), "series": series,

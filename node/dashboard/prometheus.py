@@ -18,7 +18,7 @@ METRICS: list[tuple[str, str, str]] = [
     ("swarm_node_fetch_failed_total", "counter", "Payload fetches that failed (peer unreachable, timeout)."),
     ("swarm_node_reward_mismatches_total", "counter", "Completions whose claimed reward differed from ours."),
     ("swarm_node_zero_advantage_dropped_total", "counter", "Groups dropped because all rewards were equal."),
-    ("swarm_node_sync_rounds_total", "counter", "Outer sync rounds, by result (committed or aborted)."),
+    ("swarm_node_sync_rounds_total", "counter", "Outer sync rounds, by result (committed, aborted or no_partner)."),
     ("swarm_node_sync_revision", "gauge", "Current outer-sync revision."),
     ("swarm_node_rollout_bytes_total", "counter", "Rollout payload bytes, by direction (in or out)."),
     ("swarm_node_sync_bytes_sent_total", "counter", "Bytes sent in outer-sync all-reduces."),
@@ -52,6 +52,7 @@ def _samples(name: str, n: dict[str, Any]) -> list[tuple[dict[str, str], float |
         "swarm_node_sync_rounds_total": [
             ({"result": "committed"}, n["sync_committed"]),
             ({"result": "aborted"}, sum(n["sync_aborted"].values())),
+            ({"result": "no_partner"}, n.get("sync_no_partner", 0)),
         ],
         "swarm_node_sync_revision": [({}, n["revision"])],
         "swarm_node_rollout_bytes_total": [

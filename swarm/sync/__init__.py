@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from swarm.fingerprint import model_fingerprint
-from swarm.sync.config import OuterSyncConfig, SyncAborted, SyncReport
+from swarm.sync.config import AbortCause, OuterSyncConfig, SyncAborted, SyncOutcome, SyncReport
 from swarm.sync.decide import CatchUp, CommitDecision, GroupDecision, decide_catch_up, decide_commit, decide_group
 from swarm.sync.errors import BadBytes, GroupMismatch, StateDownloadFailed
 from swarm.sync.outer import OuterSync
@@ -11,6 +11,7 @@ from swarm.sync.records import KINDS as RECORD_KINDS
 
 __all__ = [
     "RECORD_KINDS",
+    "AbortCause",
     "BadBytes",
     "CatchUp",
     "CommitDecision",
@@ -20,6 +21,7 @@ __all__ = [
     "OuterSyncConfig",
     "StateDownloadFailed",
     "SyncAborted",
+    "SyncOutcome",
     "SyncReport",
     "decide_catch_up",
     "decide_commit",

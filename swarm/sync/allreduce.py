@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from hivemind.p2p import P2P, PeerID
 
-from swarm.sync.config import SyncAborted
+from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.errors import BadBytes, GroupMismatch
 from swarm.sync.robust import Suspicion, reduce_slice
 from swarm.sync.tensors import decode, encode, encoded_size, from_bytes, slice_bounds, to_bytes
@@ -114,9 +114,9 @@ class _Round:
         if self.replied >= len(self.plan.members) - 1:
             self.all_replied.set()
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, cause: AbortCause = AbortCause.ALLREDUCE_FAILED) -> None:
         if not self.result.done():
-            self.result.set_exception(SyncAborted(reason))
+            self.result.set_exception(SyncAborted(reason, cause))
 
 
 class SyncService:
@@ -151,7 +151,7 @@ class SyncService:
 
     async def stop(self) -> None:
         for rnd in list(self._rounds.values()):
-            rnd.fail("shutting down")
+            rnd.fail("shutting down", AbortCause.SHUTTING_DOWN)
         try:
             await self._p2p.remove_binary_stream_handler(self._name)
         except Exception as e:
@@ -239,7 +239,10 @@ class SyncService:
             payload = await read_payload(reader, expected, self._chunk_timeout)
             await self._add_part(rnd, sender, weight, payload)
         except (SyncAborted, TimeoutError) as e:
-            rnd.fail(e.reason if isinstance(e, SyncAborted) else "part timeout")
+            if isinstance(e, SyncAborted):
+                rnd.fail(e.reason, e.cause)
+            else:
+                rnd.fail("part timeout", AbortCause.ALLREDUCE_TIMEOUT)
             raise
         try:
             result = await asyncio.wait_for(asyncio.shield(rnd.result), self._remaining(plan))
@@ -262,7 +265,7 @@ class SyncService:
             rnd.flagged.update(reduced.flagged)
             for peer, why in reduced.flagged.items():
                 logger.warning(
-                    "[%s] r=%d slice %d: %s from %s (norm %.3g > bound %.3g)",
+                    "[%s rev=%d] slice %d: %s from %s (norm %.3g > bound %.3g)",
                     *(self._me[-6:], plan.revision, rnd.index, why.value, peer),
                     *(reduced.norms[peer], reduced.bound),
                 )
@@ -291,11 +294,11 @@ class SyncService:
         try:
             return await self._allreduce(plan, rnd, flat, weight)
         except SyncAborted as e:
-            rnd.fail(e.reason)
+            rnd.fail(e.reason, e.cause)
             raise
         except TimeoutError:
-            rnd.fail("all-reduce timeout")
-            raise SyncAborted("all-reduce timeout") from None
+            rnd.fail("all-reduce timeout", AbortCause.ALLREDUCE_TIMEOUT)
+            raise SyncAborted("all-reduce timeout", AbortCause.ALLREDUCE_TIMEOUT) from None
         except Exception as e:  # P2P daemon and connection errors of any kind
             rnd.fail(type(e).__name__)
             raise SyncAborted(f"all-reduce failed: {type(e).__name__}: {e}") from None
@@ -324,7 +327,7 @@ class SyncService:
             if t.exception() is not None:
                 raise t.exception()  # type: ignore[misc]
         if pending:
-            raise SyncAborted("all-reduce timeout")
+            raise SyncAborted("all-reduce timeout", AbortCause.ALLREDUCE_TIMEOUT)
         slices = [t.result() for t in tasks]
         # every member got this one's slice before it moves on to vote: a member that stops
         # after its all-reduce then costs the others a missing vote, not a failed all-reduce
@@ -337,7 +340,7 @@ class SyncService:
     async def _exchange(self, plan: RoundPlan, j: int, weight: int, part: bytes) -> bytes:
         if self._call_hook("send", plan.revision) == "drop":
             await asyncio.sleep(self._remaining(plan))
-            raise SyncAborted("all-reduce timeout (part dropped)")
+            raise SyncAborted("all-reduce timeout (part dropped)", AbortCause.ALLREDUCE_TIMEOUT)
         peer = plan.members[j]
         timeout = min(self._chunk_timeout, self._remaining(plan))
         _, reader, writer = await asyncio.wait_for(

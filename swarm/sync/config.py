@@ -8,21 +8,49 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 COMPRESSIONS = ("none", "fp16", "int8")
 AGGREGATORS = ("mean", "trimmed_mean", "median", "centered_clip")
 
 
+class SyncOutcome(StrEnum):
+    """How one sync ended: the ``sync`` event's ``reason`` (details go to the log only)."""
+
+    COMMITTED = "committed"
+    NO_PARTNER = "no partner"
+    ABORTED = "aborted"
+
+
+class AbortCause(StrEnum):
+    """Why a sync round was aborted: the ``sync`` event's ``cause``. An aborted round is never applied."""
+
+    NOT_IN_GROUP = "not in group"
+    ALLREDUCE_TIMEOUT = "all-reduce timeout"
+    ALLREDUCE_FAILED = "all-reduce failed"
+    PEER_REFUSED = "peer refused"
+    PEER_LOST = "peer lost"
+    BAD_BYTES = "bad bytes"
+    GROUP_MISMATCH = "group mismatch"
+    REFUSED = "refused the average"
+    ABORTED_BY_MEMBER = "aborted by a member"
+    DIGEST_MISMATCH = "digest mismatch"
+    COMMIT_TIMEOUT = "commit timeout"
+    MEMBER_LOST = "member lost before voting"
+    SHUTTING_DOWN = "shutting down"
+
+
 class SyncAborted(RuntimeError):
     """A sync round failed on this member (dead peer, timeout, bad bytes, group mismatch).
 
-    ``reason`` is short and stable, for metrics. An aborted round is never applied.
+    ``cause`` is what metrics count; ``reason`` the detail for the log.
     """
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, cause: AbortCause = AbortCause.ALLREDUCE_FAILED) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.cause = cause
 
 
 @dataclass
@@ -30,6 +58,21 @@ class OuterSyncConfig:
     """How often and how (robustly, with which bounds) peers of one architecture average."""
 
     sync_every: int = field(default=100, metadata={"help": "Inner steps between outer syncs (H)."})
+    sync_period_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "Sync on epochs of wall time instead: every peer of an architecture starts a sync at each "
+            "multiple of this many seconds (clocks agree to well within a round), so peers of different speeds "
+            "meet, each contributing what it trained since the anchor; 0: every sync_every inner steps."
+        },
+    )
+    eager: bool = field(
+        default=True,
+        metadata={
+            "help": "Run each sync beside training and apply its outcome at a later round boundary, keeping the "
+            "steps trained meanwhile (async DiLoCo, 'eager updates'); off: training waits for every sync."
+        },
+    )
     outer_lr: float = field(default=0.7, metadata={"help": "Outer SGD learning rate."})
     outer_momentum: float = field(default=0.9, metadata={"help": "Outer SGD momentum."})
     nesterov: bool = field(default=True, metadata={"help": "Use Nesterov momentum in the outer step."})
@@ -115,6 +158,8 @@ class OuterSyncConfig:
     def __post_init__(self) -> None:
         if self.sync_every < 1:
             raise ValueError(f"sync_every={self.sync_every}; use at least 1 (typical: 100-500)")
+        if not (math.isfinite(self.sync_period_s) and (self.sync_period_s == 0 or self.sync_period_s >= 1)):
+            raise ValueError(f"sync_period_s={self.sync_period_s}; use 0 (count inner steps) or at least 1 second")
         if self.compression not in COMPRESSIONS:
             raise ValueError(f"compression={self.compression!r}; use one of {', '.join(COMPRESSIONS)}")
         if self.aggregator not in AGGREGATORS:
@@ -173,7 +218,7 @@ class SyncReport:
     state_hash: str
     committed: bool
     group_size: int
-    reason: str
+    outcome: SyncOutcome
     sync_s: float
     bytes_sent: int
     caught_up: bool = False
@@ -183,6 +228,8 @@ class SyncReport:
     """Members caught contributing garbage this round (peer -> reason): clipped parts, lying reducers."""
     catch_up_refused: dict[str, int] = field(default_factory=dict)
     """State claims and downloads catch-up refused so far, by reason (cumulative since start)."""
+    cause: AbortCause | None = None
+    """Why the round was aborted (None unless ``outcome`` is aborted)."""
 
     def to_metrics(self) -> dict[str, Any]:
         """The ``{"event": "sync", ...}`` metrics record."""
@@ -194,7 +241,8 @@ class SyncReport:
             "state_hash": self.state_hash,
             "committed": self.committed,
             "group_size": self.group_size,
-            "reason": self.reason,
+            "reason": self.outcome.value,
+            "cause": "" if self.cause is None else self.cause.value,
             "sync_s": round(self.sync_s, 4),
             "bytes_sent": self.bytes_sent,
             "caught_up": self.caught_up,

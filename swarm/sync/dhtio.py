@@ -72,7 +72,7 @@ class SyncRecords:
         """peer -> time until which its join records are ignored (set by OuterSync for lying reducers)."""
 
     def _log(self, level: int, msg: str, *args: Any) -> None:
-        logger.log(level, "[%s r=%d] " + msg, self.me[-6:], self.revision, *args)
+        logger.log(level, "[%s rev=%d] " + msg, self.me[-6:], self.revision, *args)
 
     def _rejected(self, kind: str, reasons: list[str]) -> None:
         """Log rejected records: WARNING the first time a reason is seen, DEBUG on every poll after."""

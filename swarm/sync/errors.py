@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from swarm.sync.config import SyncAborted
+from swarm.sync.config import AbortCause, SyncAborted
 
 
 class BadBytes(SyncAborted):
     """Received (or about to send) bytes of the wrong size or with non-finite values."""
 
     def __init__(self, detail: str) -> None:
-        super().__init__(f"bad bytes: {detail}")
+        super().__init__(f"bad bytes: {detail}", AbortCause.BAD_BYTES)
 
 
 class GroupMismatch(SyncAborted):
     """A message named another group id, revision or slice than this member expects."""
 
     def __init__(self, detail: str) -> None:
-        super().__init__(f"group mismatch: {detail}")
+        super().__init__(f"group mismatch: {detail}", AbortCause.GROUP_MISMATCH)
 
 
 class StateDownloadFailed(SyncAborted):
@@ -27,4 +27,4 @@ class PeerLost(SyncAborted):
     """A peer closed its stream (crashed, killed, or gave up on the round)."""
 
     def __init__(self, detail: str) -> None:
-        super().__init__(f"peer lost: {detail}")
+        super().__init__(f"peer lost: {detail}", AbortCause.PEER_LOST)

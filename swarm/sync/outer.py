@@ -66,7 +66,7 @@ import torch
 from swarm.fingerprint import model_fingerprint
 from swarm.membership import Membership
 from swarm.sync.allreduce import Hook, RoundPlan, Snapshot, SyncService
-from swarm.sync.config import OuterSyncConfig, SyncAborted, SyncReport
+from swarm.sync.config import AbortCause, OuterSyncConfig, SyncAborted, SyncOutcome, SyncReport
 from swarm.sync.decide import (
     CatchUp,
     CatchUpRefusal,
@@ -80,6 +80,7 @@ from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.liveness import Prober
 from swarm.sync.records import ABORT_DIGEST
 from swarm.sync.robust import Suspicion, check_slice, check_step, max_step, norm
+from swarm.sync.schedule import Schedule
 from swarm.sync.tensors import decode, flatten, load_flat, outer_step, state_hash
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,46 @@ one reducer only, and a ban on one side only splits the group."""
 
 MAX_PARTNERS = 1024
 """Most recent round partners remembered as trusted for catch-up (bounded memory)."""
+
+
+@dataclass(frozen=True)
+class SyncJob:
+    """What one round averages, taken on the training thread: the anchor it started from and the weights then.
+
+    The round itself never reads the module, so training may go on while it runs
+    (:class:`swarm.sync.eager.EagerSync`).
+    """
+
+    base: Snapshot
+    params: torch.Tensor
+
+    @property
+    def pseudo(self) -> torch.Tensor:
+        """This member's pseudo-gradient: its own progress since the anchor, negated."""
+        return self.base.anchor - self.params
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one round (catch-up included) ended with; :meth:`OuterSync.apply` puts it into the weights."""
+
+    report: SyncReport
+    job: SyncJob
+    installed: Snapshot | None
+    """The state this round moved to (a commit, or a catch-up only), None if it kept its own."""
+
+
+def weights_after(outcome: RoundOutcome, params_now: torch.Tensor) -> torch.Tensor:
+    """The weights once ``outcome`` is applied to weights ``params_now`` (see :meth:`OuterSync.apply`).
+
+    After a commit, ``params_now - job.params`` is exactly zero when nothing was
+    trained meanwhile, so a blocking sync leaves the weights bit-identical to
+    the group's anchor.
+    """
+    assert outcome.installed is not None
+    job = outcome.job
+    since = job.params if outcome.report.committed else job.base.anchor
+    return outcome.installed.anchor + (params_now - since)
 
 
 @dataclass(frozen=True)
@@ -130,6 +171,9 @@ class OuterSync:
         anchor = flatten(module)
         momentum = torch.zeros_like(anchor)
         self._snap = Snapshot(0, state_hash(anchor, momentum), anchor, momentum)
+        # the state the module's weights are based on; _snap runs ahead of it while a round's
+        # outcome waits to be applied, and checkpoints save this one (weights and anchor agree)
+        self._applied = self._snap
         self._records = SyncRecords(membership, self.fingerprint, cfg, clock)
         name = f"{membership.cfg.swarm_id}.sync.{self.fingerprint}"
         self._service = SyncService(
@@ -145,6 +189,7 @@ class OuterSync:
         membership.run(self._service.start(), cfg.dht_timeout_s)
         self._prober = Prober(membership, self._service, cfg.ping_timeout_s)
         self._closed = False
+        self._schedule = Schedule(cfg.sync_every, cfg.sync_period_s, clock())
         # whom catch-up believes (SECURITY.md, "Outer sync"): peers named to join through, and
         # the members of every round this peer committed (most recent last, at most MAX_PARTNERS)
         self._bootstrap = peers_named_in(membership.cfg.initial_peers)
@@ -166,8 +211,8 @@ class OuterSync:
         return self._snap.state_hash
 
     def state_dict(self) -> dict[str, Any]:
-        """The outer state to checkpoint: revision, anchor and momentum (CPU copies)."""
-        snap = self._snap
+        """The outer state to checkpoint: revision, anchor and momentum (CPU copies) of the applied state."""
+        snap = self._applied
         return {"revision": snap.revision, "anchor": snap.anchor.cpu().clone(), "momentum": snap.momentum.cpu().clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -180,20 +225,46 @@ class OuterSync:
                 f"outer-sync state has {anchor.numel()} values; this model has {self._snap.anchor.numel()}"
             )
         revision = int(state["revision"])
-        self._snap = Snapshot(revision, state_hash(anchor, momentum), anchor, momentum)
+        self._snap = self._applied = Snapshot(revision, state_hash(anchor, momentum), anchor, momentum)
         self._records.publish_state(revision, self._snap.state_hash)
 
     def _log(self, level: int, msg: str, *args: Any) -> None:
-        logger.log(level, "[%s r=%d] " + msg, self.peer_id[-6:], self._snap.revision, *args)
+        logger.log(level, "[%s rev=%d] " + msg, self.peer_id[-6:], self._snap.revision, *args)
 
     def maybe_sync(self, inner_step: int) -> SyncReport | None:
-        """Sync if ``inner_step`` is a positive multiple of ``sync_every``; else None."""
-        if inner_step <= 0 or inner_step % self.cfg.sync_every:
+        """Sync now if the schedule says so after ``inner_step`` (see :class:`Schedule`); else None."""
+        now = self._clock()
+        if not self._schedule.due(inner_step, now):
             return None
+        self._schedule.begun(now)
         return self.sync_now()
 
     def sync_now(self) -> SyncReport:
-        """Catch up if needed, then run one round; never raises SyncAborted (see the report).
+        """Catch up if needed, run one round and apply its outcome; never raises SyncAborted (see the report)."""
+        outcome = self.run(self.prepare())
+        self.apply(outcome)
+        return outcome.report
+
+    def prepare(self) -> SyncJob:
+        """The next round's job: the applied anchor and the weights now (call on the thread that trains)."""
+        return SyncJob(self._applied, flatten(self.module))
+
+    def apply(self, outcome: RoundOutcome) -> None:
+        """Put a round's outcome into the weights, keeping every inner step (call on the thread that trains).
+
+        A commit: the new anchor plus what was trained since the job was taken
+        (the job's progress went into the average). A catch-up only: the
+        downloaded anchor plus all this peer's progress since its own anchor,
+        which it contributes to the next round. Nothing installed: nothing to do.
+        """
+        new = outcome.installed
+        if new is None:
+            return
+        load_flat(self.module, weights_after(outcome, flatten(self.module)))
+        self._applied = new
+
+    def run(self, job: SyncJob) -> RoundOutcome:
+        """Catch up if needed, then run one round of ``job`` (the module is not touched: see :meth:`apply`).
 
         A failed catch-up is logged and the round runs at the current state:
         it can only meet peers with the same (revision, state hash).
@@ -201,6 +272,7 @@ class OuterSync:
         if self._closed:
             raise RuntimeError("OuterSync is closed")
         t0 = self._clock()
+        start = self._snap
         try:
             caught_up = self._maybe_catch_up()
         except SyncAborted as e:
@@ -211,21 +283,33 @@ class OuterSync:
             caught_up = False
         self._prober.reset(self._snap.revision)
         try:
-            return self._round(t0, weight=0 if caught_up else 1, caught_up=caught_up)
+            report = self._round(t0, job.pseudo, caught_up)
         except SyncAborted as e:
             self._log(logging.WARNING, "round aborted: %s", e.reason)
-            return self._report(t0, False, 0, e.reason, 0, caught_up)
+            report = self._report(t0, e.cause, 0, 0, caught_up)
         finally:
             self._prober.done()  # from now on parts naming any unregistered group are refused at once
+        return RoundOutcome(report, job, None if self._snap is start else self._snap)
 
     def _report(
-        self, t0: float, committed: bool, size: int, reason: str, sent: int, caught_up: bool = False, gid: str = ""
+        self,
+        t0: float,
+        cause: AbortCause | None,
+        size: int,
+        sent: int,
+        caught_up: bool = False,
+        gid: str = "",
+        outcome: SyncOutcome | None = None,
     ) -> SyncReport:
+        """The round's report: aborted with a ``cause``, else committed (or the ``outcome`` given: no partner)."""
         now = self._clock()
         snap = self._snap
+        outcome = outcome or (SyncOutcome.ABORTED if cause is not None else SyncOutcome.COMMITTED)
+        committed = outcome is SyncOutcome.COMMITTED
         report = SyncReport(
-            now, self.peer_id, snap.revision, snap.state_hash, committed, size, reason, now - t0, sent, caught_up, gid
+            now, self.peer_id, snap.revision, snap.state_hash, committed, size, outcome, now - t0, sent, caught_up, gid
         )
+        report.cause = cause
         report.catch_up_refused = {why.value: n for why, n in self.catch_up_refusals.items()}
         return report
 
@@ -254,7 +338,7 @@ class OuterSync:
         target = decision.target
         if target is None:
             return False
-        self._log(logging.INFO, "behind or diverged: catching up to r=%d %s", target.revision, target.state_hash[:8])
+        self._log(logging.INFO, "behind or diverged: catching up to rev=%d %s", target.revision, target.state_hash[:8])
         end = self._clock() + self.cfg.state_timeout_s
         for donor in target.donors:
             left = end - self._clock()
@@ -309,29 +393,33 @@ class OuterSync:
                     self._partners[peer] = None
             while len(self._partners) > MAX_PARTNERS:
                 del self._partners[next(iter(self._partners))]
-        self._snap = snap
-        load_flat(self.module, snap.anchor)
+        self._snap = snap  # served to peers at once; the weights follow in apply()
         self._records.publish_state(snap.revision, snap.state_hash)
 
     # ---- one round ----------------------------------------------------------------------------
 
-    def _round(self, t0: float, weight: int, caught_up: bool) -> SyncReport:
+    def _round(self, t0: float, pseudo: torch.Tensor, caught_up: bool) -> SyncReport:
         snap = self._snap
+        # weight 0: nothing trained since the anchor, a zero part would only dilute the mean. A peer
+        # that just caught up contributes the progress it keeps (apply() re-applies it on the new anchor).
+        weight = 1 if bool(torch.count_nonzero(pseudo)) else 0
         decision = self._records.matchmake(snap.revision, snap.state_hash, self._prober)
         if decision.status != "ready":
             self._log(logging.INFO, "%s (window %.2f)", decision.status, decision.window_start)
-            return self._report(t0, False, len(decision.members), decision.status, 0, caught_up)
+            if decision.status == "not in group":
+                return self._report(t0, AbortCause.NOT_IN_GROUP, len(decision.members), 0, caught_up)
+            return self._report(t0, None, len(decision.members), 0, caught_up, outcome=SyncOutcome.NO_PARTNER)
         plan = self._plan(decision, snap)
         if self._hook is not None:
             self._hook("matchmade", snap.revision)
         deadline = plan.deadline + self.cfg.commit_timeout_s
         t_ar = self._clock()
         try:
-            got = self._allreduce(plan, snap, weight)
+            got = self._allreduce(plan, snap, pseudo, weight)
         except SyncAborted as e:
             self._records.vote(plan, ABORT_DIGEST)
             self._log(logging.WARNING, "all-reduce failed: %s; discarding the round", e.reason)
-            return self._report(t0, False, len(plan.members), e.reason, 0, caught_up, plan.group_id)
+            return self._report(t0, e.cause, len(plan.members), 0, caught_up, plan.group_id)
         allreduce_s = self._clock() - t_ar
         if self._hook is not None:
             self._hook("allreduced", snap.revision)
@@ -342,22 +430,22 @@ class OuterSync:
         if self._hook is not None:
             self._hook("voted", snap.revision)
         if refusal is not None:
-            reason = f"refused: {refusal.value}"
-            self._log(logging.WARNING, "%s; voted abort", reason)
-            return self._suspect_report(t0, plan, reason, got, caught_up)
+            self._log(logging.WARNING, "refused the average (%s); voted abort", refusal.value)
+            return self._suspect_report(t0, plan, AbortCause.REFUSED, got, caught_up)
         verdict = self._records.await_commit(plan, deadline, self._prober)
         if not verdict.commit:
             self._log(logging.WARNING, "not committed: %s; keeping local weights", verdict.reason)
-            return self._suspect_report(t0, plan, verdict.reason, got, caught_up)
+            return self._suspect_report(t0, plan, AbortCause(verdict.reason), got, caught_up)
         self._install(new)
         self._log(logging.INFO, "committed group %s: state %s", plan.group_id[:8], self._snap.state_hash[:8])
-        report = self._suspect_report(t0, plan, "committed", got, caught_up)
+        report = self._suspect_report(t0, plan, None, got, caught_up)
         report.allreduce_s = allreduce_s
         return report
 
-    def _suspect_report(self, t0: float, plan: RoundPlan, reason: str, got: _Assembled, caught_up: bool) -> SyncReport:
-        committed = reason == "committed"
-        report = self._report(t0, committed, len(plan.members), reason, got.sent, caught_up, plan.group_id)
+    def _suspect_report(
+        self, t0: float, plan: RoundPlan, cause: AbortCause | None, got: _Assembled, caught_up: bool
+    ) -> SyncReport:
+        report = self._report(t0, cause, len(plan.members), got.sent, caught_up, plan.group_id)
         report.suspects = {peer: why.value for peer, why in got.suspects.items()}
         # A lying reducer makes every round it is in abort, and a garbage part is sent to every
         # reducer: leave both out of the next groups (BANNED_FOR). No suspect is trusted for catch-up.
@@ -392,8 +480,7 @@ class OuterSync:
         self._log(logging.INFO, "group %s of %d: %s", plan.group_id[:8], len(plan.members), short)
         return plan
 
-    def _allreduce(self, plan: RoundPlan, snap: Snapshot, weight: int) -> _Assembled:
-        pseudo = snap.anchor - flatten(self.module)
+    def _allreduce(self, plan: RoundPlan, snap: Snapshot, pseudo: torch.Tensor, weight: int) -> _Assembled:
         timeout = max(0.1, plan.deadline - self._clock()) + 2.0
         try:
             result = self._membership.run(self._service.allreduce(plan, pseudo, weight), timeout)

@@ -13,7 +13,7 @@ from typing import Any
 
 from protocol import codec
 from protocol.errors import MessageRejected
-from swarm.sync.config import SyncAborted
+from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.errors import BadBytes, PeerLost
 
 MAX_HEADER_BYTES = 4096
@@ -79,4 +79,4 @@ async def send_error(writer: asyncio.StreamWriter, reason: str, chunk_timeout: f
 def check_ok(header: dict[str, Any]) -> None:
     """Raise the remote side's error if its reply header says it failed."""
     if header.get("ok") is not True:
-        raise SyncAborted(f"peer refused: {str(header.get('error', 'no reason'))[:200]}")
+        raise SyncAborted(f"peer refused: {str(header.get('error', 'no reason'))[:200]}", AbortCause.PEER_REFUSED)

@@ -33,7 +33,7 @@ def test_two_architectures_two_sync_groups_one_rollout_swarm(swarm: Swarm) -> No
         by_rev[e["revision"]].add(e["state_hash"])
     assert by_rev and all(len(h) == 1 for h in by_rev.values()), by_rev
     # the lone architecture finds no partner and trains on
-    assert not committed(c) and all(e["group_size"] <= 1 for e in c.events("sync"))
+    assert not committed(c) and all(e["group_size"] <= 1 and e["reason"] == "no partner" for e in c.events("sync"))
     # rollouts still flow across architectures
     sources = {n.name: {p for r in n.rounds() for p in r["external_peers"]} for n in (a, b, c)}
     wait_for(

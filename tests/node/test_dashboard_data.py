@@ -46,12 +46,14 @@ def test_view_folds_rounds_syncs_and_restarts(tmp_path: Path) -> None:
     w = write_node(path, "peer-aaaaaa", 3)
     w.write("sync", time=4.0, revision=1, state_hash="ab" * 32, committed=True, reason="committed", bytes_sent=10)
     w.write("sync", time=5.0, revision=1, state_hash="ab" * 32, committed=False, reason="no partner", bytes_sent=0)
+    w.write("sync", time=5.5, revision=1, state_hash="ab" * 32, committed=False, reason="aborted", cause="commit timeout")
     w.close()
     write_node(path, "peer-aaaaaa", 2, start_round=3).close()  # a restart: byte counters start again
     view = SwarmView("t", lambda: [path])
     node: dict[str, Any] = view.snapshot(now=6.0)["nodes"][0]
     assert node["round"] == 5 and node["status"] == "running" and node["revision"] == 1
-    assert node["sync_committed"] == 1 and node["sync_aborted"] == {"no partner": 1}
+    assert node["sync_committed"] == 1 and node["sync_no_partner"] == 1  # nobody to sync with is not a failure
+    assert node["sync_aborted"] == {"commit timeout": 1}
     assert node["rejected"] == {"prompt mismatch": 5, "other": 5}
     assert node["bytes_in"] == 300 + 500 and node["accepted"] == 15
     assert [p[0] for p in node["series"]] == [1, 2, 3, 4, 5]

@@ -13,7 +13,15 @@ from node.cli.configfile import file_options, render_default_config, subcommand_
 from node.cli.main import build_parser, node_args_to_list
 from node.core.assemble import node_configs
 from node.core.config import NodeConfig, NodeParts
-from node.core.options import JoinOptions, LocalOptions, NodeOptions, flag_of, option_fields, to_argv
+from node.core.options import (
+    JoinOptions,
+    LocalOptions,
+    NodeOptions,
+    flag_of,
+    option_fields,
+    sync_partner_warning,
+    to_argv,
+)
 from node.dashboard.server import DashboardConfig
 from node.training.grpo import GRPOConfig
 from node.training.models import TINY_DEFAULTS, recommended_defaults
@@ -58,6 +66,23 @@ def test_sync_options_feed_the_sync_config() -> None:
     assert parts.sync is not None and (parts.sync.compression, parts.sync.outer_lr) == ("int8", 0.5)
     with pytest.raises(ValueError, match="sync-every"):
         node_configs(NodeOptions(sync_every=-1), "0.0.0.0", 0)
+
+
+def test_a_sync_period_turns_the_shared_clock_on_and_bad_sync_flags_name_the_fix() -> None:
+    _, parts = node_configs(NodeOptions(sync_period=30, sync_blocking=True, sync_window=2, sync_timeout=20), "", 0)
+    assert parts.sync is not None
+    got = (parts.sync.sync_period_s, parts.sync.eager, parts.sync.matchmaking_timeout_s, parts.sync.allreduce_timeout_s)
+    assert got == (30, False, 2, 20)
+    assert node_configs(NodeOptions(), "", 0)[1].sync is None
+    for bad, fix in (
+        (NodeOptions(sync_period=0.5), "--sync-period 0.5: use 0"),
+        (NodeOptions(sync_every=4, sync_window=0), "--sync-window 0: use a positive"),
+        (NodeOptions(sync_every=4, sync_timeout=1), "--sync-timeout 1: use at least 5"),
+    ):
+        with pytest.raises(ValueError, match=fix):
+            node_configs(bad, "", 0)
+    warning = sync_partner_warning(0, 100, ["tiny-s", "tiny-m"], sync_period=60)
+    assert warning is not None and warning.startswith("--sync-period 60: no two of the 2 nodes")
 
 
 def test_per_model_defaults_apply_only_to_flags_not_given() -> None:

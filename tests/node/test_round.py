@@ -99,9 +99,13 @@ class FakeSync:
     def __init__(self) -> None:
         self.calls: list[int] = []
         self.closed = 0
+        self.busy = False
 
     def maybe_sync(self, inner_step: int) -> SyncReport | None:
         self.calls.append(inner_step)
+        return None
+
+    def finish(self, timeout_s: float) -> SyncReport | None:
         return None
 
     def state_dict(self) -> dict[str, Any]:

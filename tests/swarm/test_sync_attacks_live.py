@@ -207,9 +207,9 @@ def test_member_killed_before_voting(fault_swarm: FaultSwarm) -> None:
         final_state(p, 60.0)
         assert p.proc.alive(), f"{p.name} exited"
     second = [next(r for r in p.syncs() if r["step"] == 8) for p in (a, b)]
-    print("round with the dead member:", [(r["committed"], r["reason"], round(r["sync_s"], 2)) for r in second])
+    print("round with the dead member:", [(r["committed"], r["cause"], round(r["sync_s"], 2)) for r in second])
     assert all(not r["committed"] and r["sync_s"] < 2.0 + 5.0 for r in second), second  # defence off: ~18.5 s
-    assert any(r["reason"] == "member lost before voting" for r in second), second
+    assert any(r["cause"] == "member lost before voting" for r in second), second
     later = [[r for r in p.syncs() if r["step"] > 8] for p in (a, b)]
     assert all(r["committed"] and r["group_size"] == 2 for rs in later for r in rs), later
     assert all(len(h) == 1 for h in hashes_by_revision([a, b]).values())

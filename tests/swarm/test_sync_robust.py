@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swarm.sync import OuterSyncConfig
-from swarm.sync.config import SyncReport
+from swarm.sync.config import AbortCause, SyncOutcome, SyncReport
 from swarm.sync.robust import (
     RULES,
     Suspicion,
@@ -157,7 +157,7 @@ def test_config_validates_clip_factor_and_report_counts_suspects() -> None:
     with pytest.raises(ValueError, match="suspect_ban_s"):
         OuterSyncConfig(suspect_ban_s=0.0)
     assert OuterSyncConfig(aggregator="centered_clip").aggregator == "centered_clip"
-    report = SyncReport(1.0, "p", 3, "a" * 64, False, 3, "refused: reduced slice too large", 0.5, 10)
+    report = SyncReport(1.0, "p", 3, "a" * 64, False, 3, SyncOutcome.ABORTED, 0.5, 10, cause=AbortCause.REFUSED)
     report.suspects = {"m": Suspicion.CLIPPED_PART.value}
     line = report.to_metrics()
     assert line["suspects"] == 1 and line["suspect_peers"] == {"m": "clipped part"}

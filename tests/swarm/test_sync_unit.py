@@ -12,7 +12,15 @@ import torch
 from protocol import SigningKey
 from protocol.signing import seal
 from swarm.fingerprint import model_fingerprint
-from swarm.sync import OuterSyncConfig, SyncReport, decide_catch_up, decide_commit, decide_group
+from swarm.sync import (
+    AbortCause,
+    OuterSyncConfig,
+    SyncOutcome,
+    SyncReport,
+    decide_catch_up,
+    decide_commit,
+    decide_group,
+)
 from swarm.sync.decide import earliest_open_window, group_id, live_records, missing_votes
 from swarm.sync.errors import BadBytes
 from swarm.sync.records import (
@@ -267,10 +275,12 @@ def test_config_bound_and_report_metrics() -> None:
         matchmaking_timeout_s=1, allreduce_timeout_s=2, commit_timeout_s=3, state_timeout_s=4, dht_timeout_s=1
     )
     assert cfg.max_sync_seconds() == 1 + 2 + max(3, 1) + 4 + 6 * 1 + 1.0
-    line = SyncReport(1.0, "p", 3, H0, True, 2, "committed", 0.5, 10).to_metrics()
+    line = SyncReport(1.0, "p", 3, H0, True, 2, SyncOutcome.COMMITTED, 0.5, 10).to_metrics()
     assert line["event"] == "sync"
-    keys = {"time", "peer", "revision", "state_hash", "committed", "group_size", "reason", "sync_s", "bytes_sent"}
-    assert keys <= set(line)
+    keys = {"time", "peer", "revision", "state_hash", "committed", "group_size", "reason", "cause", "sync_s"}
+    assert keys <= set(line) and (line["reason"], line["cause"]) == ("committed", "")
+    aborted = SyncReport(1.0, "p", 3, H0, False, 2, SyncOutcome.ABORTED, 0.5, 0, cause=AbortCause.COMMIT_TIMEOUT)
+    assert (aborted.to_metrics()["reason"], aborted.to_metrics()["cause"]) == ("aborted", "commit timeout")
 
 
 # ---- signed records: forged and replayed ------------------------------------------------------
