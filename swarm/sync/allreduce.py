@@ -320,12 +320,14 @@ class SyncService:
                 tasks.append(asyncio.ensure_future(asyncio.shield(rnd.result)))
             else:
                 tasks.append(asyncio.ensure_future(self._exchange(plan, j, weight, parts[j])))
+        for t in tasks:  # a task that fails after the round gave up on it must not log "never retrieved"
+            t.add_done_callback(lambda f: f.cancelled() or f.exception())
         done, pending = await asyncio.wait(tasks, timeout=self._remaining(plan), return_when=asyncio.FIRST_EXCEPTION)
         for t in pending:
             t.cancel()
-        for t in done:
-            if t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
+        errors = [e for e in (t.exception() for t in done if not t.cancelled()) if e is not None]
+        if errors:
+            raise errors[0]
         if pending:
             raise SyncAborted("all-reduce timeout", AbortCause.ALLREDUCE_TIMEOUT)
         slices = [t.result() for t in tasks]

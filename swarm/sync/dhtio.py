@@ -164,11 +164,15 @@ class SyncRecords:
         self._store(key, JOIN_KIND, record, cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s + 30.0)
         return record
 
-    def matchmake(self, revision: int, state_hash: str, prober: Prober | None = None) -> GroupDecision:
+    def matchmake(
+        self, revision: int, state_hash: str, prober: Prober | None = None, leaving: Callable[[], bool] = lambda: False
+    ) -> GroupDecision:
         """Join (or open) the earliest open gather window and wait for it to close.
 
         With a ``prober``, every joiner read is pinged at once, and the group
         is formed only from the joiners that answered (:meth:`_live_group`).
+        Once ``leaving()`` is true the wait ends with "leaving": no group is
+        formed yet, so nobody depends on this member.
         """
         self.revision = revision
         m_s = self.cfg.matchmaking_timeout_s
@@ -177,6 +181,8 @@ class SyncRecords:
         window = earliest_open_window(seen, self._clock(), m_s)
         mine = self._join(key, revision, state_hash, self._clock() if window is None else window)
         while True:
+            if leaving():
+                return GroupDecision("leaving", mine.window_start)
             start = self._clock()
             seen = {**self._read_joins(key, revision, state_hash), self.me: mine}
             if prober is not None:

@@ -56,6 +56,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,17 +67,11 @@ import torch
 from swarm.fingerprint import model_fingerprint
 from swarm.membership import Membership
 from swarm.sync.allreduce import Hook, RoundPlan, Snapshot, SyncService
+from swarm.sync.catchup import CatchUpper
 from swarm.sync.config import AbortCause, OuterSyncConfig, SyncAborted, SyncOutcome, SyncReport
-from swarm.sync.decide import (
-    CatchUp,
-    CatchUpRefusal,
-    GroupDecision,
-    check_downloaded_state,
-    decide_catch_up,
-    peers_named_in,
-)
+from swarm.sync.decide import CatchUpRefusal, GroupDecision, peers_named_in
 from swarm.sync.dhtio import SyncRecords
-from swarm.sync.errors import StateDownloadFailed
+from swarm.sync.job import RoundOutcome, SyncJob, weights_after
 from swarm.sync.liveness import Prober
 from swarm.sync.records import ABORT_DIGEST
 from swarm.sync.robust import Suspicion, check_slice, check_step, max_step, norm
@@ -89,49 +84,6 @@ BANNED_FOR = (Suspicion.REDUCED_NOT_FINITE, Suspicion.REDUCED_TOO_LARGE, Suspici
 """Suspicions that leave a member out of sync groups for ``suspect_ban_s``. A merely clipped part is
 not among them: clipping bounds it already, and an honest member near the bound may be clipped by
 one reducer only, and a ban on one side only splits the group."""
-
-MAX_PARTNERS = 1024
-"""Most recent round partners remembered as trusted for catch-up (bounded memory)."""
-
-
-@dataclass(frozen=True)
-class SyncJob:
-    """What one round averages, taken on the training thread: the anchor it started from and the weights then.
-
-    The round itself never reads the module, so training may go on while it runs
-    (:class:`swarm.sync.eager.EagerSync`).
-    """
-
-    base: Snapshot
-    params: torch.Tensor
-
-    @property
-    def pseudo(self) -> torch.Tensor:
-        """This member's pseudo-gradient: its own progress since the anchor, negated."""
-        return self.base.anchor - self.params
-
-
-@dataclass(frozen=True)
-class RoundOutcome:
-    """What one round (catch-up included) ended with; :meth:`OuterSync.apply` puts it into the weights."""
-
-    report: SyncReport
-    job: SyncJob
-    installed: Snapshot | None
-    """The state this round moved to (a commit, or a catch-up only), None if it kept its own."""
-
-
-def weights_after(outcome: RoundOutcome, params_now: torch.Tensor) -> torch.Tensor:
-    """The weights once ``outcome`` is applied to weights ``params_now`` (see :meth:`OuterSync.apply`).
-
-    After a commit, ``params_now - job.params`` is exactly zero when nothing was
-    trained meanwhile, so a blocking sync leaves the weights bit-identical to
-    the group's anchor.
-    """
-    assert outcome.installed is not None
-    job = outcome.job
-    since = job.params if outcome.report.committed else job.base.anchor
-    return outcome.installed.anchor + (params_now - since)
 
 
 @dataclass(frozen=True)
@@ -189,14 +141,11 @@ class OuterSync:
         membership.run(self._service.start(), cfg.dht_timeout_s)
         self._prober = Prober(membership, self._service, cfg.ping_timeout_s)
         self._closed = False
+        self._leaving = threading.Event()
         self._schedule = Schedule(cfg.sync_every, cfg.sync_period_s, clock())
-        # whom catch-up believes (SECURITY.md, "Outer sync"): peers named to join through, and
-        # the members of every round this peer committed (most recent last, at most MAX_PARTNERS)
-        self._bootstrap = peers_named_in(membership.cfg.initial_peers)
-        self._partners: dict[str, None] = {}
+        bootstrap = peers_named_in(membership.cfg.initial_peers)
+        self._catchup = CatchUpper(self.peer_id, self._records, self._fetch_state, cfg, bootstrap, self._log, clock)
         self._group: tuple[int, tuple[str, ...]] = (-1, ())
-        self.catch_up_refusals: dict[CatchUpRefusal, int] = {}
-        self._reported_refusals: set[tuple[str, CatchUpRefusal]] = set()
         self._records.publish_state(self._snap.revision, self._snap.state_hash)
         self._log(logging.INFO, "outer sync ready: fingerprint %s, %d parameters", self.fingerprint, anchor.numel())
 
@@ -273,6 +222,8 @@ class OuterSync:
             raise RuntimeError("OuterSync is closed")
         t0 = self._clock()
         start = self._snap
+        if self._leaving.is_set():
+            return RoundOutcome(self._report(t0, AbortCause.SHUTTING_DOWN, 0, 0), job, None)
         try:
             caught_up = self._maybe_catch_up()
         except SyncAborted as e:
@@ -316,83 +267,29 @@ class OuterSync:
     # ---- catch-up -----------------------------------------------------------------------------
 
     def trusted(self) -> frozenset[str]:
-        """Peers whose state records may move this one (see :func:`decide_catch_up`)."""
-        return self._bootstrap | frozenset(self._partners)
+        """Peers whose state records may move this one (see :mod:`swarm.sync.catchup`)."""
+        return self._catchup.trusted()
 
-    def _refused(self, peer: str, reason: CatchUpRefusal) -> None:
-        """Count a refused claim or state; WARNING once per (peer, reason), DEBUG after."""
-        self.catch_up_refusals[reason] = self.catch_up_refusals.get(reason, 0) + 1
-        new = (peer, reason) not in self._reported_refusals
-        if new and len(self._reported_refusals) < 4096:
-            self._reported_refusals.add((peer, reason))
-        self._log(logging.WARNING if new else logging.DEBUG, "catch-up refused %s: %s", peer[-6:], reason.value)
+    @property
+    def catch_up_refusals(self) -> dict[CatchUpRefusal, int]:
+        """State claims and downloads refused so far, by reason."""
+        return self._catchup.refusals
+
+    def _fetch_state(self, donor: str, n: int, timeout: float) -> Snapshot:
+        got: Snapshot = self._membership.run(self._service.fetch_state(donor, n, timeout), timeout + 1)
+        return got
 
     def _maybe_catch_up(self) -> bool:
-        snap = self._snap
-        self._records.refresh_state(snap.revision, snap.state_hash)
-        states = self._records.read_states()
-        leaders = self._bootstrap if self._newcomer() else frozenset()
-        decision = decide_catch_up(states, snap.revision, snap.state_hash, self.peer_id, self.trusted(), leaders)
-        for peer, reason in decision.refused.items():
-            self._refused(peer, reason)
-        target = decision.target
-        if target is None:
+        got = self._catchup.catch_up(self._snap, self._leaving.is_set)
+        if got is None:
             return False
-        self._log(logging.INFO, "behind or diverged: catching up to rev=%d %s", target.revision, target.state_hash[:8])
-        end = self._clock() + self.cfg.state_timeout_s
-        for donor in target.donors:
-            left = end - self._clock()
-            if left <= 0:
-                break
-            try:
-                got = self._membership.run(self._service.fetch_state(donor, snap.anchor.numel(), left), left + 1)
-            except Exception as e:
-                self._log(logging.WARNING, "state download from %s failed: %s", donor[-6:], e)
-                continue
-            refusal = self._judge(got, target)
-            if refusal is CatchUpRefusal.OFF_TARGET:
-                self._refused(donor, refusal)
-                continue
-            if refusal is not None:  # the target's bytes themselves are implausible: every donor serves them
-                self._refused(donor, refusal)
-                raise StateDownloadFailed(f"target state refused: {refusal.value}")
-            self._install(got, caught_up=True)
-            self._log(logging.INFO, "caught up from %s: %s", donor[-6:], got.state_hash[:8])
-            return True
-        raise StateDownloadFailed("no donor served the target state")
-
-    def _newcomer(self) -> bool:
-        """No history yet: revision 0 and no round committed. Its anchor is only its own initialisation."""
-        return self._snap.revision == 0 and not self._partners
-
-    def _judge(self, got: Snapshot, target: CatchUp) -> CatchUpRefusal | None:
-        """Exactly the target, finite, and plausibly close to this peer's own anchor (else why not).
-
-        A newcomer takes its bootstrap peers' state at any distance: its own
-        weights may be another seed's initialisation, or a group that trained
-        for hours moved far from them; it trusts whom it was told to join.
-        """
-        if (got.revision, got.state_hash) != (target.revision, target.state_hash):
-            return CatchUpRefusal.OFF_TARGET
-        finite = bool(torch.isfinite(got.anchor).all()) and bool(torch.isfinite(got.momentum).all())
-        if self._newcomer() and set(target.donors) & self._bootstrap:
-            return None if finite else CatchUpRefusal.NOT_FINITE
-        own = self._snap.anchor
-        shift = norm(got.anchor - own) if finite else math.inf
-        momentum = norm(got.momentum) if finite else math.inf
-        return check_downloaded_state(
-            norm(own), shift, momentum, finite, self.cfg.max_state_shift, self.cfg.outer_momentum
-        )
+        self._install(got, caught_up=True)
+        return True
 
     def _install(self, snap: Snapshot, caught_up: bool = False) -> None:
         if not caught_up and snap.revision == self._group[0] + 1:
             # a commit of the round just planned: its members are now partners this peer can check
-            for peer in self._group[1]:
-                if peer != self.peer_id:
-                    self._partners.pop(peer, None)
-                    self._partners[peer] = None
-            while len(self._partners) > MAX_PARTNERS:
-                del self._partners[next(iter(self._partners))]
+            self._catchup.add_partners(self._group[1])
         self._snap = snap  # served to peers at once; the weights follow in apply()
         self._records.publish_state(snap.revision, snap.state_hash)
 
@@ -403,11 +300,12 @@ class OuterSync:
         # weight 0: nothing trained since the anchor, a zero part would only dilute the mean. A peer
         # that just caught up contributes the progress it keeps (apply() re-applies it on the new anchor).
         weight = 1 if bool(torch.count_nonzero(pseudo)) else 0
-        decision = self._records.matchmake(snap.revision, snap.state_hash, self._prober)
+        decision = self._records.matchmake(snap.revision, snap.state_hash, self._prober, self._leaving.is_set)
         if decision.status != "ready":
             self._log(logging.INFO, "%s (window %.2f)", decision.status, decision.window_start)
-            if decision.status == "not in group":
-                return self._report(t0, AbortCause.NOT_IN_GROUP, len(decision.members), 0, caught_up)
+            if decision.status in ("not in group", "leaving"):
+                cause = AbortCause.NOT_IN_GROUP if decision.status == "not in group" else AbortCause.SHUTTING_DOWN
+                return self._report(t0, cause, len(decision.members), 0, caught_up)
             return self._report(t0, None, len(decision.members), 0, caught_up, outcome=SyncOutcome.NO_PARTNER)
         plan = self._plan(decision, snap)
         if self._hook is not None:
@@ -449,8 +347,7 @@ class OuterSync:
         report.suspects = {peer: why.value for peer, why in got.suspects.items()}
         # A lying reducer makes every round it is in abort, and a garbage part is sent to every
         # reducer: leave both out of the next groups (BANNED_FOR). No suspect is trusted for catch-up.
-        for peer in got.suspects:
-            self._partners.pop(peer, None)
+        self._catchup.distrust(got.suspects)
         now = self._clock()
         until = now + self.cfg.suspect_ban_s
         banned = self._records.banned
@@ -521,6 +418,13 @@ class OuterSync:
         if problem is not None:
             self._log(logging.WARNING, "outer step refused (%s): bound %s", problem.value, bound)
         return Snapshot(snap.revision + 1, state_hash(anchor, momentum), anchor, momentum), problem
+
+    def cancel(self) -> None:
+        """Leaving: a round not yet in a group ends at its next step (nobody depends on it); one in a group runs on.
+
+        Thread-safe: called by the training thread while the round runs on the sync thread.
+        """
+        self._leaving.set()
 
     def close(self) -> None:
         """Stop serving (bounded by ``dht_timeout_s``); idempotent."""

@@ -3,7 +3,7 @@
 Why beside training: a blocking sync stops training for the whole gather
 window, all-reduce and commit vote (issue 16: 64-72% of wall time with short
 rounds). Here :meth:`SyncRunner.maybe_sync`, called at every round boundary,
-starts a due sync on a thread with a :class:`~swarm.sync.outer.SyncJob` taken
+starts a due sync on a thread with a :class:`~swarm.sync.job.SyncJob` taken
 on the training thread (the anchor and the weights then), and returns at
 once; rounds go on. At the first round boundary after the sync thread ends,
 its outcome is applied on the training thread (:meth:`OuterSync.apply`): the
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from swarm.sync.config import OuterSyncConfig, SyncReport
-from swarm.sync.outer import RoundOutcome, SyncJob
+from swarm.sync.job import RoundOutcome, SyncJob
 from swarm.sync.schedule import Schedule
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ class Rounds(Protocol):
     def run(self, job: SyncJob) -> RoundOutcome: ...
 
     def apply(self, outcome: RoundOutcome) -> None: ...
+
+    def cancel(self) -> None: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -92,8 +94,12 @@ class SyncRunner:
         return report
 
     def finish(self, timeout_s: float) -> SyncReport | None:
-        """Wait at most ``timeout_s`` for a running sync and apply it (leaving); None if none ended."""
+        """Leaving: end a sync not yet in a group, wait at most ``timeout_s`` for one that is, and apply it.
+
+        None if no sync ended.
+        """
         if self._thread is not None:
+            self.sync.cancel()
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 logger.warning("an outer sync still runs %.0fs after leaving began; leaving without it", timeout_s)

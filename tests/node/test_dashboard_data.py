@@ -46,7 +46,7 @@ def test_view_folds_rounds_syncs_and_restarts(tmp_path: Path) -> None:
     w = write_node(path, "peer-aaaaaa", 3)
     w.write("sync", time=4.0, revision=1, state_hash="ab" * 32, committed=True, reason="committed", bytes_sent=10)
     w.write("sync", time=5.0, revision=1, state_hash="ab" * 32, committed=False, reason="no partner", bytes_sent=0)
-    w.write("sync", time=5.5, revision=1, state_hash="ab" * 32, committed=False, reason="aborted", cause="commit timeout")
+    w.write("sync", time=5.5, revision=1, committed=False, reason="aborted", cause="commit timeout")
     w.close()
     write_node(path, "peer-aaaaaa", 2, start_round=3).close()  # a restart: byte counters start again
     view = SwarmView("t", lambda: [path])

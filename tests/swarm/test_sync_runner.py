@@ -11,7 +11,7 @@ import torch
 
 from swarm.sync.allreduce import Snapshot
 from swarm.sync.config import OuterSyncConfig, SyncOutcome, SyncReport
-from swarm.sync.outer import RoundOutcome, SyncJob, weights_after
+from swarm.sync.job import RoundOutcome, SyncJob, weights_after
 from swarm.sync.runner import SyncRunner
 from swarm.sync.schedule import Schedule
 
@@ -97,6 +97,7 @@ class HeldRounds:
         self.jobs: list[SyncJob] = []
         self.applied: list[tuple[int, int | None]] = []  # (revision, thread ident)
         self.fail = False
+        self.cancelled = False
 
     def prepare(self) -> SyncJob:
         return SyncJob(snap(self.revision, [0.0]), torch.tensor([float(len(self.jobs))]))
@@ -108,6 +109,9 @@ class HeldRounds:
         if self.fail:
             raise RuntimeError("a bug")
         return RoundOutcome(report(True, job.base.revision + 1), job, snap(job.base.revision + 1, [1.0]))
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
     def apply(self, outcome: RoundOutcome) -> None:
         assert outcome.installed is not None
@@ -159,6 +163,7 @@ def test_leaving_does_not_wait_past_its_bound_for_a_stuck_sync() -> None:
     runner.maybe_sync(2)
     assert rounds.started.acquire(timeout=HOLD_S)
     assert runner.finish(0.05) is None and rounds.applied == []  # left without it: nothing half-applied
+    assert rounds.cancelled  # a round not yet in a group was told to end
     rounds.release.set()
 
 

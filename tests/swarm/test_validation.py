@@ -224,6 +224,19 @@ def test_sync_records_stored_by_dhtio_are_accepted(monkeypatch: pytest.MonkeyPat
         assert [_refusal(v, r) for r in stored] == [None] * 3, cfg
 
 
+def test_matchmaking_ends_at_once_when_the_node_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = [NOW]
+    monkeypatch.setattr("swarm.sync.dhtio.get_dht_time", lambda: t[0])
+
+    def sleep(s: float) -> None:
+        t[0] += max(s, 0.01)
+
+    records = SyncRecords(cast(Membership, _membership(ALICE)), "0123456789abcdef", SYNC, lambda: t[0], sleep)
+    polls = iter([False, False, True])  # the signal comes while the window is open: no group formed yet
+    decision = records.matchmake(2, "cd" * 32, leaving=lambda: next(polls))
+    assert decision.status == "leaving" and t[0] - NOW < SYNC.matchmaking_timeout_s
+
+
 def _state_record(exp_after: float, key: str | None = None) -> DHTRecord:
     record = StateRecord(ALICE.peer_id, "0123456789abcdef", 4, "cd" * 32, NOW)
     key = key or state_key(SWARM, "0123456789abcdef")

@@ -1,0 +1,50 @@
+"""One sync round's input and outcome, and how the outcome goes into the weights (see :mod:`swarm.sync.runner`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from swarm.sync.allreduce import Snapshot
+from swarm.sync.config import SyncReport
+
+
+@dataclass(frozen=True)
+class SyncJob:
+    """What one round averages, taken on the training thread: the anchor it started from and the weights then.
+
+    The round itself never reads the module, so training may go on while it runs
+    (:class:`swarm.sync.eager.EagerSync`).
+    """
+
+    base: Snapshot
+    params: torch.Tensor
+
+    @property
+    def pseudo(self) -> torch.Tensor:
+        """This member's pseudo-gradient: its own progress since the anchor, negated."""
+        return self.base.anchor - self.params
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one round (catch-up included) ended with; ``OuterSync.apply`` puts it into the weights."""
+
+    report: SyncReport
+    job: SyncJob
+    installed: Snapshot | None
+    """The state this round moved to (a commit, or a catch-up only), None if it kept its own."""
+
+
+def weights_after(outcome: RoundOutcome, params_now: torch.Tensor) -> torch.Tensor:
+    """The weights once ``outcome`` is applied to weights ``params_now`` (see :meth:`swarm.sync.outer.OuterSync.apply`).
+
+    After a commit, ``params_now - job.params`` is exactly zero when nothing was
+    trained meanwhile, so a blocking sync leaves the weights bit-identical to
+    the group's anchor.
+    """
+    assert outcome.installed is not None
+    job = outcome.job
+    since = job.params if outcome.report.committed else job.base.anchor
+    return outcome.installed.anchor + (params_now - since)
