@@ -307,8 +307,10 @@ class Membership:
             self.loop.stop(self.cfg.shutdown_timeout_s)
         if self.dht is not None:
             try:
+                # hivemind's shutdown waits its own grace, then sends SIGTERM; a DHT process still alive a
+                # second later is stuck (its p2pd died first, as on Ctrl-C to the process group): kill it
                 self.dht.shutdown()
-                self.dht.join(self.cfg.shutdown_timeout_s)
+                self.dht.join(min(1.0, self.cfg.shutdown_timeout_s))
             except Exception as e:
                 logger.debug("dht shutdown: %s", e)
             if self.dht.is_alive():

@@ -8,8 +8,9 @@ allreduce_timeout_s, commit_timeout_s, state_timeout_s, dht_timeout_s):
    (or another hash at this revision) than report this peer's own, download
    (anchor, momentum, revision) from a peer at the target, verify the hash,
    that it is finite and plausibly close to this peer's own anchor, and
-   reset the model to the anchor (:func:`decide_catch_up`,
-   :func:`check_downloaded_state`). Keys that are not trusted vouch nothing.
+   move to it (:mod:`swarm.sync.catchup`); the weights keep this peer's own
+   progress on top (:meth:`OuterSync.apply`). Keys that are not trusted
+   vouch nothing.
 2. Matchmaking: signed join records under (fingerprint, revision, state
    hash), so only peers sharing the same history meet; a gather window
    opened at ``w`` closes at ``w + M`` (:func:`decide_group`). Every joiner
