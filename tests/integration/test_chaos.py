@@ -1,0 +1,81 @@
+"""Chaos (issue 16): real nodes killed, frozen, stopped and spawned at random must keep training and syncing.
+
+The run itself is bench/chaos.py; here a ~2.7-minute run must pass, and the
+pure judges it relies on must flag what they are there to flag.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from bench.chaos import (
+    Action,
+    Cause,
+    ChaosConfig,
+    ChaosReport,
+    choose_action,
+    exit_expected,
+    judge,
+    longest_gap,
+    run_chaos,
+)
+
+CHAOS_S = 160.0  # with start-up and the final SIGTERMs the test stays under 4 minutes
+
+
+@pytest.mark.network
+@pytest.mark.slow
+@pytest.mark.timeout(290)
+def test_chaos_run_keeps_training_and_syncing(tmp_path: Path) -> None:
+    report = run_chaos(ChaosConfig(out=tmp_path / "chaos", duration_s=CHAOS_S, nodes=4, seed=16))
+    print(report.to_json())
+    assert report.ok, "\n".join(report.failures)
+    assert sum(report.actions.values()) >= CHAOS_S / 6, report.actions  # the chaos did happen (one per 1-3 s)
+
+
+def test_longest_gap_counts_the_edges_of_the_window() -> None:
+    assert longest_gap([], 10.0, 70.0) == (60.0, 10.0)
+    assert longest_gap([20.0, 25.0, 90.0], 10.0, 70.0) == (45.0, 25.0)
+
+
+def _sync(t: float, rev: int, h: str, committed: bool = True) -> dict[str, object]:
+    return {"event": "sync", "time": t, "revision": rev, "state_hash": h, "committed": committed}
+
+
+def test_judge_flags_two_hashes_at_one_revision_and_the_gaps(tmp_path: Path) -> None:
+    cfg = ChaosConfig(out=tmp_path)
+    agreed = [_sync(10.0, 1, "aa"), _sync(11.0, 1, "aa"), _sync(12.0, 2, "bb"), _sync(13.0, 2, "cc", False)]
+    report = ChaosReport(100.0, 4, 0)
+    judge(report, agreed, [float(t) for t in range(0, 101, 5)], (0.0, 100.0), cfg)
+    assert report.ok, report.failures
+    split = ChaosReport(100.0, 4, 0)
+    judge(split, [*agreed, _sync(14.0, 2, "dd")], [5.0, 80.0], (0.0, 100.0), cfg)
+    assert split.failures == [
+        "no round on any node for 75s from t=5s",
+        "revision 2 committed with 2 state hashes: ['bb', 'dd']",
+    ]
+    none = ChaosReport(100.0, 4, 0)
+    judge(none, [_sync(10.0, 0, "aa", False)], [50.0], (0.0, 100.0), cfg)
+    assert "no committed sync in 100s" in none.failures
+
+
+def test_expected_exits() -> None:
+    assert exit_expected(-9, Cause.KILLED, False)
+    assert all(exit_expected(s, Cause.TERMED, False) for s in (0, 143, -15))
+    assert not exit_expected(1, Cause.TERMED, False)  # the leave watchdog fired, or a traceback
+    assert not exit_expected(0, Cause.NONE, False)  # a node we did not touch must not leave
+    assert not exit_expected(2, Cause.NONE, False) and exit_expected(2, Cause.NONE, True)
+
+
+def test_choose_action_keeps_the_swarm_alive() -> None:
+    rng = random.Random(0)
+    for running, alive, dead in [(1, 1, 3), (1, 2, 0), (2, 2, 2), (0, 3, 1), (1, 5, 1)]:
+        for _ in range(200):
+            a = choose_action(rng, running, alive, dead, limit=4)
+            assert a not in (Action.KILL, Action.TERM) or (running >= 2 and alive >= 3)
+            assert a is not Action.STOP or running >= 2
+            assert a not in (Action.RESTART, Action.ADD) or (running >= 1 and alive <= 4)
+    assert choose_action(rng, 0, 3, 1, limit=4) is None  # nobody to join through, nobody to spare
