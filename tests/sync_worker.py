@@ -9,7 +9,16 @@ reduced, allreduced, voted): ``stop`` makes the process SIGSTOP itself at that
 phase (the test then SIGKILLs or SIGSTOPs/SIGCONTs its whole process group),
 ``drop`` makes it silently not send its all-reduce parts that round.
 
-Started by tests/faults.py (and bench/bench_sync.py); not imported by anything (no side effects at import).
+``--eager`` drives the sync through :class:`swarm.sync.runner.SyncRunner`
+(the sync runs on a thread while the loop keeps stepping); ``--period S``
+syncs on wall-time epochs of S seconds. Every sync record carries the step
+(and time) at which its sync started, ``step`` (the step at which it was
+applied) and ``waited_s`` (the loop's total time inside sync calls so far);
+``done`` adds the loop's wall time and, with ``--dump``, this worker's own
+total progress and what of it is still pending (not yet in any average).
+
+Started by tests/faults.py (and bench/bench_sync.py, bench/bench_eager.py); not imported by anything
+(no side effects at import).
 """
 
 from __future__ import annotations
@@ -50,6 +59,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--aggregator", default="mean")
     p.add_argument("--poison", default="", choices=["", "huge", "noise", "liar"], help="be a hostile member")
     p.add_argument("--dump", action="store_true", help="add own pseudo-gradient and applied average to reports")
+    p.add_argument("--eager", action="store_true", help="sync beside training through SyncRunner")
+    p.add_argument("--period", type=float, default=0.0, help="sync_period_s: sync on wall-time epochs")
+    p.add_argument("--halt-file", default="", help="stop stepping (before --steps) once this file exists")
     return p.parse_args(argv)
 
 
@@ -80,6 +92,8 @@ def _sync_config(args: argparse.Namespace, cls: Any) -> Any:
     m_s, a_s, c_s, d_s, s_s, k_s = (float(x) for x in [*args.timeouts.split(","), "2"][:6])
     return cls(
         sync_every=args.sync_every,
+        sync_period_s=args.period,
+        eager=args.eager,
         compression=args.compression.split(",")[0],
         matchmaking_timeout_s=m_s,
         allreduce_timeout_s=a_s,
@@ -145,6 +159,112 @@ def _start_membership(cls: Any, identity: Any, mcfg: Any) -> Any:
     raise AssertionError("unreachable")
 
 
+class _Loop:
+    """The training loop: inner steps, the sync at every step boundary, and what the tests read of both.
+
+    Blocking (default): ``OuterSync.maybe_sync`` in the loop. ``--eager``: a
+    :class:`~swarm.sync.runner.SyncRunner`, whose sync runs on a thread while
+    the loop keeps stepping; its outcome is applied at a later boundary.
+    """
+
+    def __init__(self, args: argparse.Namespace, cfg: Any, model: Any, sync: Any, out: Reporter) -> None:
+        from swarm.sync.runner import SyncRunner
+        from swarm.sync.tensors import flatten
+
+        self.args, self.cfg, self.model, self.sync, self.out = args, cfg, model, sync, out
+        self.runner = SyncRunner(sync) if args.eager else None
+        self.steps, self.train_s, self.waited_s = 0, 0.0, 0.0
+        self.started: dict[str, Any] = {}
+        """The sync under way: the step and time it started at (and, with --dump, its pseudo-gradient)."""
+        # every inner update this worker made, summed: the progress that must end up in an average or pending
+        self.own_total = flatten(model).zero_() if args.dump else None
+
+    def run(self) -> None:
+        t0 = time.time()
+        for step in range(1, self.args.steps + 1):
+            if self.args.halt_file and Path(self.args.halt_file).exists():
+                break
+            self._inner_step(step)
+            self._boundary(step)
+            self.steps = step
+        self.train_s = time.time() - t0
+        if self.runner is not None:  # leaving: wait (bounded) for the sync under way and apply it
+            report = self.runner.finish(self.cfg.max_sync_seconds())
+            if report is not None:
+                self._write(report, self.steps)
+
+    def summary(self) -> dict[str, Any]:
+        """What the ``done`` record adds: steps, the loop's wall time, its time waiting on syncs."""
+        from swarm.sync.tensors import flatten
+
+        out: dict[str, Any] = {"steps": self.steps, "train_s": self.train_s, "waited_s": self.waited_s}
+        out["skipped_busy"] = self.runner.skipped_busy if self.runner is not None else 0
+        if self.own_total is not None:
+            out["own_total"] = self.own_total.tolist()
+            out["pending"] = (flatten(self.model) - self.sync.state_dict()["anchor"]).tolist()
+        return out
+
+    def _inner_step(self, step: int) -> None:
+        import torch
+
+        args = self.args
+        gen = torch.Generator().manual_seed(args.update_seed * 100_003 + step)
+        with torch.no_grad():
+            updates = [0.01 * torch.randn(p.shape, generator=gen) for p in self.model.parameters()]
+            for p, u in zip(self.model.parameters(), updates, strict=True):
+                p.add_(u)
+        if self.own_total is not None:
+            self.own_total += torch.cat([u.reshape(-1) for u in updates])
+        time.sleep(args.step_sleep)  # the simulated step time is the workload, not synchronisation
+        encodings = args.compression.split(",")
+        if self.runner is None or not self.runner.busy:  # never under a sync that is running
+            self.cfg.compression = encodings[(step // args.sync_every - 1) // args.rounds_per % len(encodings)]
+        if args.poison in ("huge", "noise") and step % args.sync_every == 0:
+            _poison_model(self.sync, self.model, args.poison, step)
+
+    def _boundary(self, step: int) -> None:
+        """One step boundary: call the sync, time the call, record which sync started and which was applied."""
+        runner = self.runner
+        before = self._job_view() if runner is None and self.args.dump else {}
+        busy = runner is not None and runner.busy
+        t0 = time.time()
+        report = self.sync.maybe_sync(step) if runner is None else runner.maybe_sync(step)
+        self.waited_s += time.time() - t0
+        if runner is None:
+            self.started = {"step": step, "time": t0, **before}
+        if report is not None:
+            self._write(report, step)
+        # a sync started in this call: none ran before it, or the one that ran was just applied
+        if runner is not None and runner.busy and (report is not None or not busy):
+            self.started = {"step": step, "time": t0, **(self._job_view() if self.args.dump else {})}
+
+    def _job_view(self) -> dict[str, Any]:
+        """The next job as the sync takes it: own pseudo-gradient (applied anchor - weights) and momentum."""
+        from swarm.sync.tensors import flatten
+
+        state = self.sync.state_dict()
+        return {"pseudo": state["anchor"] - flatten(self.model), "momentum": state["momentum"]}
+
+    def _write(self, report: Any, step: int) -> None:
+        started, self.started = self.started, {}
+        extra: dict[str, Any] = {}
+        if "pseudo" in started:  # the test recomputes the honest mean from these; g = m_new - mu * m_old
+            state = self.sync.state_dict()
+            applied = state["momentum"] - self.cfg.outer_momentum * started["momentum"]
+            extra = {"pseudo": started["pseudo"].tolist(), "applied": applied.tolist()}
+            extra["anchor_finite"] = bool(state["anchor"].isfinite().all())
+            extra["partners"] = sorted(self.sync.trusted())
+        self.out.write(
+            **report.to_metrics(),
+            step=step,
+            started_step=started.get("step", step),
+            started_time=started.get("time"),
+            waited_s=self.waited_s,
+            compression=self.cfg.compression,
+            **extra,
+        )
+
+
 def main(argv: list[str]) -> int:
     # run as a script, sys.path[0] is tests/, whose protocol/ and swarm/ test folders would
     # shadow the real packages: put the repository root first instead.
@@ -185,28 +305,11 @@ def main(argv: list[str]) -> int:
         time=time.time(),
     )
     _wait_file(args.go_file, 120.0)
-    for step in range(1, args.steps + 1):
-        gen = torch.Generator().manual_seed(args.update_seed * 100_003 + step)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.01 * torch.randn(p.shape, generator=gen))
-        time.sleep(args.step_sleep)  # the simulated step time is the workload, not synchronisation
-        encodings = args.compression.split(",")
-        cfg.compression = encodings[(step // args.sync_every - 1) // args.rounds_per % len(encodings)]
-        if args.poison in ("huge", "noise") and step % args.sync_every == 0:
-            _poison_model(sync, model, args.poison, step)
-        before = sync.state_dict()
-        pseudo = before["anchor"] - torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        report = sync.maybe_sync(step)
-        if report is not None:
-            extra: dict[str, Any] = {}
-            if args.dump:  # the test recomputes the honest mean from these; g = m_new - mu * m_old
-                applied = sync.state_dict()["momentum"] - cfg.outer_momentum * before["momentum"]
-                extra = {"pseudo": pseudo.tolist(), "applied": applied.tolist()}
-                extra["anchor_finite"] = bool(torch.isfinite(sync.state_dict()["anchor"]).all())
-                extra["partners"] = sorted(sync.trusted())
-            out.write(**report.to_metrics(), step=step, compression=cfg.compression, **extra)
-    out.write(event="done", peer=membership.peer_id, revision=sync.revision, state_hash=sync.state_hash)
+    loop = _Loop(args, cfg, model, sync, out)
+    loop.run()
+    out.write(
+        event="done", peer=membership.peer_id, revision=sync.revision, state_hash=sync.state_hash, **loop.summary()
+    )
     end = time.time() + args.linger  # serve state to late peers until the test's stop file (bounded)
     while time.time() < end and not (args.stop_file and Path(args.stop_file).exists()):
         time.sleep(0.1)

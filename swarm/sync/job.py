@@ -15,7 +15,7 @@ class SyncJob:
     """What one round averages, taken on the training thread: the anchor it started from and the weights then.
 
     The round itself never reads the module, so training may go on while it runs
-    (:class:`swarm.sync.eager.EagerSync`).
+    (:class:`swarm.sync.runner.SyncRunner`).
     """
 
     base: Snapshot
