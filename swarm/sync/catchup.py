@@ -14,19 +14,29 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 
 import torch
 
 from swarm.sync.allreduce import Snapshot
 from swarm.sync.config import AbortCause, OuterSyncConfig, SyncAborted
-from swarm.sync.decide import CatchUp, CatchUpRefusal, check_downloaded_state, decide_catch_up
+from swarm.sync.decide import (
+    CatchUp,
+    CatchUpRefusal,
+    check_contested_step,
+    check_downloaded_state,
+    decide_catch_up,
+)
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.robust import norm
 
 MAX_PARTNERS = 1024
 """Most recent round partners remembered as trusted for catch-up (bounded memory)."""
+
+RECENT_STEPS = 8
+"""This peer's last committed outer steps (anchor shift norms) that bound a contested catch-up."""
 
 Fetch = Callable[[str, int, float], Snapshot]
 """(donor, number of values, timeout) -> the donor's state; raises on any failure."""
@@ -53,6 +63,12 @@ class CatchUpper:
         self._partners: dict[str, None] = {}
         self.refusals: dict[CatchUpRefusal, int] = {}
         self._reported: set[tuple[str, CatchUpRefusal]] = set()
+        self._steps: deque[float] = deque(maxlen=RECENT_STEPS)
+
+    def note_step(self, shift_norm: float) -> None:
+        """This peer committed an outer step that moved its anchor by ``shift_norm``."""
+        if math.isfinite(shift_norm):
+            self._steps.append(shift_norm)
 
     def trusted(self) -> frozenset[str]:
         """Peers whose state records may move this one (see :func:`decide_catch_up`)."""
@@ -134,6 +150,9 @@ class CatchUpper:
         own = snap.anchor
         shift = norm(got.anchor - own) if finite else math.inf
         momentum = norm(got.momentum) if finite else math.inf
-        return check_downloaded_state(
+        refusal = check_downloaded_state(
             norm(own), shift, momentum, finite, self._cfg.max_state_shift, self._cfg.outer_momentum
         )
+        if refusal is None and target.contested:
+            return check_contested_step(shift, list(self._steps), self._cfg.clip_factor)
+        return refusal

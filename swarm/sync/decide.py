@@ -146,6 +146,7 @@ class CatchUpRefusal(enum.Enum):
     OFF_TARGET = "donor served another state"
     NOT_FINITE = "state not finite"
     TOO_FAR = "state too far from own anchor"
+    CONTESTED_STEP = "contested next state moved more than this peer's own steps allow"
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,9 @@ class CatchUp:
     revision: int
     state_hash: str
     donors: tuple[str, ...]
+    contested: bool = False
+    """Followed though as many trusted peers still report this peer's own state: only one revision ahead,
+    and adopted only if it moved the anchor by no more than this peer's own recent outer steps allow."""
 
 
 class CatchUpDecision(NamedTuple):
@@ -167,9 +171,21 @@ class CatchUpDecision(NamedTuple):
 def _beats(state: tuple[int, str], vouchers: int, mine: tuple[int, str], stay: int) -> bool:
     """Whether ``vouchers`` trusted peers at ``state`` outweigh the ``stay`` trusted peers at ``mine``."""
     if state[0] > mine[0]:
-        return vouchers > stay
+        return vouchers > stay or _next_contested(state, vouchers, mine)
     # same revision, another hash: this peer's own state counts too; ties go to the smaller hash
     return vouchers > stay + 1 or (vouchers == stay + 1 and state[1] < mine[1])
+
+
+def _next_contested(state: tuple[int, str], vouchers: int, mine: tuple[int, str]) -> bool:
+    """A trusted peer reports the next revision while others still report this peer's state.
+
+    A peer at ``mine`` says only that it has not seen the next commit yet, not
+    that none happened: trusted peers that merely lag must not keep this peer
+    on a state another group already moved on from, or two groups extend it
+    and the history forks (a 160 s chaos run: revision 3 committed twice). One
+    revision only: a liar's claim of a far revision still needs a majority.
+    """
+    return state[0] == mine[0] + 1 and vouchers >= 1
 
 
 def decide_catch_up(
@@ -192,6 +208,10 @@ def decide_catch_up(
     vouched wins, then the *lowest* revision: a peer never jumps further than
     its trusted peers agree. Donors are every other peer reporting exactly
     the target (the downloaded bytes are checked against the hash anyway).
+    The next revision is followed on one trusted voucher even against more at
+    this peer's state (:func:`_next_contested`), but ``contested``: its step
+    must be no larger than this peer's own recent ones (see
+    :func:`check_contested_step`).
 
     ``leaders`` (a node with no history yet passes its bootstrap peers) are
     followed at the same revision too, whatever the hash order, while no
@@ -221,7 +241,8 @@ def decide_catch_up(
         (p for p, r in others.items() if (r.revision, r.state_hash) == best),
         key=lambda p: (-others[p].created, p),
     )
-    return CatchUpDecision(CatchUp(best[0], best[1], tuple(donors)), refused)
+    contested = vouchers[best] <= stay and best[0] > my_revision
+    return CatchUpDecision(CatchUp(best[0], best[1], tuple(donors), contested), refused)
 
 
 def peers_named_in(multiaddrs: Iterable[str]) -> frozenset[str]:
@@ -237,6 +258,25 @@ def peers_named_in(multiaddrs: Iterable[str]) -> frozenset[str]:
             if part == "p2p" and parts[i + 1]:
                 out.add(parts[i + 1])
     return frozenset(out)
+
+
+def check_contested_step(shift_norm: float, own_steps: Sequence[float], factor: float) -> CatchUpRefusal | None:
+    """Whether a contested next state moved the anchor plausibly: at most ``factor`` x this peer's largest recent step.
+
+    An honest next revision is one outer step of the same group dynamics as
+    this peer's own recent commits; a liar's made-up next state must stay
+    within that, as a clipped poisoner must within a round. A peer with no
+    committed step to compare with does not follow a contested claim.
+
+    >>> check_contested_step(0.3, [0.1, 0.2], 4.0) is None
+    True
+    >>> too_far, no_scale = check_contested_step(0.9, [0.1, 0.2], 4.0), check_contested_step(0.1, [], 4.0)
+    >>> too_far is no_scale is CatchUpRefusal.CONTESTED_STEP
+    True
+    """
+    if not own_steps or not shift_norm <= factor * max(own_steps):
+        return CatchUpRefusal.CONTESTED_STEP
+    return None
 
 
 def check_downloaded_state(

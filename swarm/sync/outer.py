@@ -289,8 +289,10 @@ class OuterSync:
 
     def _install(self, snap: Snapshot, caught_up: bool = False) -> None:
         if not caught_up and snap.revision == self._group[0] + 1:
-            # a commit of the round just planned: its members are now partners this peer can check
+            # a commit of the round just planned: its members are now partners this peer can check,
+            # and its step is a scale for the next revisions others report (a contested catch-up)
             self._catchup.add_partners(self._group[1])
+            self._catchup.note_step(norm(snap.anchor - self._snap.anchor))
         self._snap = snap  # served to peers at once; the weights follow in apply()
         self._records.publish_state(snap.revision, snap.state_hash)
 

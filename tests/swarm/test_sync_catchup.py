@@ -1,19 +1,25 @@
 """Catch-up trusts evidence, not claims: who vouches for a state, and whether its bytes are plausible.
 
-Pure functions only (no network); the real-process attack is tests/swarm/test_sync_attacks_catchup.py.
+Decisions and checks without the network; the real-process attack is tests/swarm/test_sync_attacks_catchup.py.
 """
 
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import pytest
 import torch
 
 from protocol import SigningKey
 from swarm.sync import OuterSyncConfig
+from swarm.sync.allreduce import Snapshot
+from swarm.sync.catchup import CatchUpper
 from swarm.sync.decide import CatchUpRefusal, check_downloaded_state, decide_catch_up, peers_named_in
+from swarm.sync.dhtio import SyncRecords
+from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.records import StateRecord
+from swarm.sync.tensors import state_hash
 
 FP, H0, H1, HX = "0123456789abcdef", "a" * 64, "b" * 64, "f" * 64
 
@@ -145,3 +151,60 @@ def test_max_state_shift_is_validated() -> None:
         with pytest.raises(ValueError, match="max_state_shift"):
             OuterSyncConfig(max_state_shift=bad)
     assert OuterSyncConfig().max_state_shift == 1.0
+
+
+# ---- the next revision, while trusted peers that lag still report our state ------------------------
+
+
+def test_the_next_revision_is_followed_on_one_trusted_voucher_though_lagging_partners_report_our_state() -> None:
+    """A 160 s chaos run forked here: partners that had not seen revision 3 yet kept this peer on 2."""
+    states = {"b": _state("b", 4, H1), "c": _state("c", 3, H0), "d": _state("d", 3, H0)}
+    decision = decide_catch_up(states, 3, H0, "a", trusted={"b", "c", "d"})
+    assert decision.target is not None and (decision.target.revision, decision.target.contested) == (4, True)
+    uncontested = decide_catch_up({"b": _state("b", 4, H1)}, 3, H0, "a", trusted={"b"})
+    assert uncontested.target is not None and not uncontested.target.contested
+    jump = decide_catch_up({"b": _state("b", 5, H1), "c": _state("c", 3, H0)}, 3, H0, "a", trusted={"b", "c"})
+    assert jump.target is None and jump.refused == {"b": CatchUpRefusal.OUTVOTED}  # two ahead: a majority
+
+
+class _Records:
+    """The two reads catch-up makes, answering fixed state records (the decision logic is under test here)."""
+
+    def __init__(self, states: dict[str, StateRecord]) -> None:
+        self.states = states
+
+    def refresh_state(self, revision: int, state_hash: str) -> bool:
+        return True
+
+    def read_states(self) -> dict[str, StateRecord]:
+        return self.states
+
+
+def _contested_catch_up(served: torch.Tensor, own_steps: list[float]) -> tuple[object, dict[CatchUpRefusal, int]]:
+    own = torch.ones(1000)
+    snap = Snapshot(3, state_hash(own, torch.zeros(1000)), own, torch.zeros(1000))
+    got = Snapshot(4, state_hash(served, torch.zeros(1000)), served, torch.zeros(1000))
+    states = {"b": _state("b", 4, got.state_hash), "c": _state("c", 3, snap.state_hash)}
+    upper = CatchUpper(
+        "a", cast(SyncRecords, _Records(states)), lambda *_: got, OuterSyncConfig(), frozenset({"b", "c"}), _quiet
+    )
+    for step in own_steps:
+        upper.note_step(step)
+    try:
+        return upper.catch_up(snap, lambda: False), upper.refusals
+    except StateDownloadFailed:
+        return None, upper.refusals
+
+
+def _quiet(*_: object) -> None:
+    pass
+
+
+def test_a_contested_next_state_must_move_no_more_than_this_peers_own_steps_allow() -> None:
+    own = torch.ones(1000)
+    honest = own + 0.002 * torch.randn(1000, generator=torch.Generator().manual_seed(1))  # one step: norm ~0.06
+    liar = own + 0.2 * torch.randn(1000, generator=torch.Generator().manual_seed(2))  # norm ~6: within max_state_shift
+    assert _contested_catch_up(honest, [0.05, 0.07])[0] is not None
+    got, refusals = _contested_catch_up(liar, [0.05, 0.07])
+    assert got is None and refusals == {CatchUpRefusal.CONTESTED_STEP: 1}
+    assert _contested_catch_up(honest, [])[0] is None  # no step of its own to compare with: stays
