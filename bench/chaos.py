@@ -78,6 +78,10 @@ class ChaosConfig:
     round_gap_s: float = 60.0
     commit_gap_s: float = 300.0
     term_bound_s: float = 30.0
+    forks_fail: bool = True
+    """Two hashes at one revision from different groups fail the run (issue 16's criterion). Off, they
+    are only counted: the catch-up trust rule lets groups that share no trusted peer extend one state
+    independently (SECURITY.md); one group with two hashes (a half-applied round) always fails."""
     start_timeout_s: float = 120.0
     node_args: tuple[str, ...] = ("--model", "tiny-s", "--rounds", "0", "--local", "2", "--external", "2")
     node_args_more: tuple[str, ...] = ("--generations", "4", "--max-threads", "1")
@@ -95,6 +99,8 @@ class ChaosReport:
     rounds: dict[str, int] = field(default_factory=dict)
     commits: dict[str, int] = field(default_factory=dict)
     revisions: dict[int, list[str]] = field(default_factory=dict)
+    forks: dict[int, list[str]] = field(default_factory=dict)
+    """Revisions committed with two or more state hashes (by different groups)."""
     longest_round_gap_s: float = 0.0
     longest_commit_gap_s: float = 0.0
     unexpected_exits: list[dict[str, Any]] = field(default_factory=list)
@@ -123,6 +129,15 @@ def longest_gap(times: Iterable[float], start: float, end: float) -> tuple[float
             best, at = t - prev, prev
         prev = t
     return best, at
+
+
+def group_hashes(syncs: Iterable[Event]) -> dict[str, set[str]]:
+    """Committed group id -> the state hashes its members reported (one each unless a round was half-applied)."""
+    by_group: dict[str, set[str]] = defaultdict(set)
+    for e in syncs:
+        if e.get("committed"):
+            by_group[str(e.get("group_id") or "")].add(str(e["state_hash"]))
+    return dict(by_group)
 
 
 def revision_hashes(syncs: Iterable[Event]) -> dict[int, set[str]]:
@@ -159,11 +174,15 @@ def judge(
         report.failures.append(f"no committed sync in {end - start:.0f}s")
     elif cgap > cfg.commit_gap_s:
         report.failures.append(f"no committed sync for {cgap:.0f}s from t={cat - start:.0f}s")
+    for gid, group in sorted(group_hashes(syncs).items()):
+        if len(group) > 1:
+            report.failures.append(f"group {gid[:8]} committed with {len(group)} state hashes: {sorted(group)}")
     by_rev = revision_hashes(syncs)
     report.revisions = {r: sorted(h) for r, h in sorted(by_rev.items())}
-    for rev, hashes in sorted(by_rev.items()):
-        if len(hashes) > 1:
-            report.failures.append(f"revision {rev} committed with {len(hashes)} state hashes: {sorted(hashes)}")
+    report.forks = {r: h for r, h in report.revisions.items() if len(h) > 1}
+    for rev, hashes in report.forks.items():
+        if cfg.forks_fail:
+            report.failures.append(f"revision {rev} committed with {len(hashes)} state hashes: {hashes}")
 
 
 def choose_action(rng: random.Random, running: int, alive: int, dead: int, limit: int) -> Action | None:
