@@ -62,6 +62,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--eager", action="store_true", help="sync beside training through SyncRunner")
     p.add_argument("--period", type=float, default=0.0, help="sync_period_s: sync on wall-time epochs")
     p.add_argument("--halt-file", default="", help="stop stepping (before --steps) once this file exists")
+    p.add_argument("--claim-steps", type=int, default=0, help="be a hostile member claiming this many inner steps")
+    p.add_argument("--max-weight-ratio", type=float, default=4.0, help="max_weight_ratio")
     return p.parse_args(argv)
 
 
@@ -105,6 +107,7 @@ def _sync_config(args: argparse.Namespace, cls: Any) -> Any:
         aggregator=args.aggregator,
         ping_timeout_s=args.ping_timeout,
         max_group_size=args.max_group,
+        max_weight_ratio=args.max_weight_ratio,
     )
 
 
@@ -126,6 +129,18 @@ def _be_hostile() -> None:
         return Reduced(_garbage("noise", n, n), {})
 
     allreduce.reduce_slice = lying_reduce  # type: ignore[attr-defined,assignment]
+
+
+def _claim_steps(sync: Any, steps: int) -> None:
+    """Make every part this process sends claim ``steps`` inner steps, whatever it trained."""
+    from dataclasses import replace
+
+    honest = sync.prepare
+
+    def prepare(inner_step: int | None = None) -> Any:
+        return replace(honest(inner_step), steps=steps)
+
+    sync.prepare = prepare
 
 
 def _poison_model(sync: Any, model: Any, mode: str, step: int) -> None:
@@ -225,7 +240,7 @@ class _Loop:
     def _boundary(self, step: int) -> None:
         """One step boundary: call the sync, time the call, record which sync started and which was applied."""
         runner = self.runner
-        before = self._job_view() if runner is None and self.args.dump else {}
+        before = self._job_view(step) if runner is None and self.args.dump else {}
         busy = runner is not None and runner.busy
         t0 = time.time()
         report = self.sync.maybe_sync(step) if runner is None else runner.maybe_sync(step)
@@ -236,14 +251,16 @@ class _Loop:
             self._write(report, step)
         # a sync started in this call: none ran before it, or the one that ran was just applied
         if runner is not None and runner.busy and (report is not None or not busy):
-            self.started = {"step": step, "time": t0, **(self._job_view() if self.args.dump else {})}
+            self.started = {"step": step, "time": t0, **(self._job_view(step) if self.args.dump else {})}
 
-    def _job_view(self) -> dict[str, Any]:
-        """The next job as the sync takes it: own pseudo-gradient (applied anchor - weights) and momentum."""
+    def _job_view(self, step: int) -> dict[str, Any]:
+        """The job as the sync takes it at ``step``: own pseudo-gradient (applied anchor - weights), momentum,
+        and the weight its part claims (the inner steps since the anchor; prepare() only reads)."""
         from swarm.sync.tensors import flatten
 
         state = self.sync.state_dict()
-        return {"pseudo": state["anchor"] - flatten(self.model), "momentum": state["momentum"]}
+        weight = self.sync.prepare(step).weight
+        return {"pseudo": state["anchor"] - flatten(self.model), "momentum": state["momentum"], "weight": weight}
 
     def _write(self, report: Any, step: int) -> None:
         started, self.started = self.started, {}
@@ -251,7 +268,7 @@ class _Loop:
         if "pseudo" in started:  # the test recomputes the honest mean from these; g = m_new - mu * m_old
             state = self.sync.state_dict()
             applied = state["momentum"] - self.cfg.outer_momentum * started["momentum"]
-            extra = {"pseudo": started["pseudo"].tolist(), "applied": applied.tolist()}
+            extra = {"pseudo": started["pseudo"].tolist(), "applied": applied.tolist(), "weight": started["weight"]}
             extra["anchor_finite"] = bool(state["anchor"].isfinite().all())
             extra["partners"] = sorted(self.sync.trusted())
         self.out.write(
@@ -294,6 +311,8 @@ def main(argv: list[str]) -> int:
     sync = OuterSync(membership, model, cfg, hook=_hook(args.fault, out))
     if args.poison == "liar":
         _be_hostile()
+    if args.claim_steps:
+        _claim_steps(sync, args.claim_steps)
     out.write(
         event="ready",
         peer=membership.peer_id,

@@ -3,8 +3,9 @@
 Member i of a sorted group of n owns slice i of the flat pseudo-gradient.
 Every member opens one stream to every other owner j, sends its (encoded)
 part of slice j, and reads back, on the same stream, the bytes owner j
-produced by reducing all n parts. The owner takes its own slice from those
-same bytes. So every member assembles the average from exactly the reducers'
+produced by reducing all n parts, each weighted by the inner steps its
+header claims (capped, see :func:`swarm.sync.robust.clamp_weights`). The owner
+takes its own slice from those same bytes. So every member assembles the average from exactly the reducers'
 bytes, and members that finish hold bit-identical averages.
 
 Streams are authenticated by libp2p (the remote peer id comes from the
@@ -38,10 +39,10 @@ from hivemind.p2p import P2P, PeerID
 
 from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.errors import BadBytes, GroupMismatch
-from swarm.sync.robust import Suspicion, reduce_slice
+from swarm.sync.robust import Suspicion, clamp_weights, reduce_slice
 from swarm.sync.tensors import decode, encode, encoded_size, from_bytes, slice_bounds, to_bytes
 from swarm.sync.tensors import state_hash as compute_state_hash
-from swarm.sync.wire import check_ok, read_header, read_payload, send_error, write_frame
+from swarm.sync.wire import check_ok, check_weight, read_header, read_payload, send_error, write_frame
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,9 @@ class RoundPlan:
     trim_fraction: float
     deadline: float
     clip_factor: float = 4.0
+    max_weight_ratio: float = 4.0
+    skip: int = 0
+    """A commit takes revision ``revision + 1 + skip`` (see :class:`swarm.sync.decide.GroupDecision`)."""
 
     def bounds(self) -> list[tuple[int, int]]:
         return slice_bounds(self.n_elems, len(self.members))
@@ -101,7 +105,8 @@ class _Round:
         self.plan, self.index = plan, index
         lo, hi = plan.bounds()[index]
         self.n = hi - lo
-        self.parts: dict[str, torch.Tensor | None] = {}
+        self.parts: dict[str, tuple[torch.Tensor, int] | None] = {}
+        """Each member's decoded part and its claimed weight (inner steps), None for weight 0."""
         self.flagged: dict[str, Suspicion] = {}
         self.result: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.result.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -230,9 +235,7 @@ class SyncService:
         try:
             if header.get("revision") != plan.revision or header.get("slice") != rnd.index:
                 raise GroupMismatch("revision or slice differs")
-            weight = header.get("weight")
-            if weight not in (0, 1) or isinstance(weight, bool):
-                raise BadBytes("weight must be 0 or 1")
+            weight = check_weight(header.get("weight"))
             expected = encoded_size(rnd.n, plan.compression) if weight else 0
             if header["size"] != expected:
                 raise BadBytes(f"part of {header['size']} bytes, expected {expected}")
@@ -253,16 +256,32 @@ class SyncService:
     async def _add_part(self, rnd: _Round, peer: str, weight: int, payload: bytes) -> None:
         if peer in rnd.parts:
             raise GroupMismatch(f"second part from {peer[-6:]}")
-        rnd.parts[peer] = decode(payload, rnd.n, rnd.plan.compression) if weight else None
+        rnd.parts[peer] = (decode(payload, rnd.n, rnd.plan.compression), weight) if weight else None
         if len(rnd.parts) < len(rnd.plan.members) or rnd.result.done():
             return
         plan = rnd.plan
-        contributions = [(p, t) for p in plan.members if (t := rnd.parts[p]) is not None]
-        own = rnd.parts[self._me]
+        # the weights come from the parts' headers: the one reducer of this slice sees them as sent
+        given = [(p, got) for p in plan.members if (got := rnd.parts[p]) is not None]
+        contributions = [(p, t) for p, (t, _) in given]
+        weights = [w for _, (_, w) in given]
+        mine = rnd.parts[self._me]
+        own = None if mine is None else mine[0]
 
         def reduce_and_encode() -> bytes:
-            reduced = reduce_slice(contributions, own, rnd.n, plan.aggregator, plan.trim_fraction, plan.clip_factor)
+            reduced = reduce_slice(
+                contributions,
+                *(own, rnd.n, plan.aggregator, plan.trim_fraction, plan.clip_factor),
+                weights=weights,
+                max_weight_ratio=plan.max_weight_ratio,
+            )
             rnd.flagged.update(reduced.flagged)
+            capped = clamp_weights(weights, plan.max_weight_ratio)
+            for (peer, _), claimed, kept in zip(given, weights, capped, strict=True):
+                if kept < claimed:  # may be honest (a much faster peer): logged, not a suspicion
+                    logger.info(
+                        "[%s rev=%d] slice %d: %s claims %d inner steps, counted as %.4g",
+                        *(self._me[-6:], plan.revision, rnd.index, peer[-6:], claimed, kept),
+                    )
             for peer, why in reduced.flagged.items():
                 logger.warning(
                     "[%s rev=%d] slice %d: %s from %s (norm %.3g > bound %.3g)",

@@ -27,8 +27,10 @@ from swarm.sync.decide import (
     decide_commit,
     decide_group,
     earliest_open_window,
+    expected_members,
     live_records,
     missing_votes,
+    should_close,
 )
 from swarm.sync.liveness import LivenessReason, Prober
 from swarm.sync.records import (
@@ -48,6 +50,9 @@ from swarm.sync.records import (
 )
 
 logger = logging.getLogger(__name__)
+
+MAX_EXPECTED = 256
+"""Most peers one round's joiners make this peer expect next round (bounded memory)."""
 
 
 class SyncRecords:
@@ -70,6 +75,12 @@ class SyncRecords:
         self._published: tuple[int, str, float] = (-1, "", float("-inf"))
         self.banned: dict[str, float] = {}
         """peer -> time until which its join records are ignored (set by OuterSync for lying reducers)."""
+        self.skip = 0
+        """What this peer's join records ask its next commit to skip (set per round by OuterSync)."""
+        self.last_round: frozenset[str] = frozenset()
+        """The peers that joined this peer's key last round (whom it expects next round: :func:`expected_members`)."""
+        self.states: dict[str, StateRecord] = {}
+        """The state records of the last :meth:`read_states` (the catch-up check reads them every round)."""
 
     def _log(self, level: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s rev=%d] " + msg, self.me[-6:], self.revision, *args)
@@ -98,7 +109,7 @@ class SyncRecords:
             return {}
         return {sk: v.value for sk, v in found.value.items()}
 
-    def _store(self, key: str, kind: str, record: Record, ttl: float) -> bool:
+    def _store(self, key: str, kind: str, record: Record, ttl: float, timeout: float | None = None) -> bool:
         dht = self._m.dht
         if dht is None:
             return False
@@ -106,7 +117,7 @@ class SyncRecords:
         expiration = get_dht_time() + ttl
         try:
             fut = dht.store(key, value, expiration, subkey=self.me, return_future=True)
-            return bool(fut.result(timeout=self.cfg.dht_timeout_s))
+            return bool(fut.result(timeout=self.cfg.dht_timeout_s if timeout is None else timeout))
         except Exception as e:
             self._log(logging.WARNING, "DHT store of a %s record failed: %s", kind, type(e).__name__)
             return False
@@ -142,6 +153,7 @@ class SyncRecords:
             self._clock(),
         )
         self._rejected(STATE_KIND, rejected)
+        self.states = kept
         return kept
 
     # ---- matchmaking --------------------------------------------------------------------------
@@ -158,11 +170,34 @@ class SyncRecords:
         self._rejected(JOIN_KIND, rejected)
         return {p: r for p, r in kept.items() if self.banned.get(p, float("-inf")) <= now}
 
-    def _join(self, key: str, revision: int, state_hash: str, window: float) -> JoinRecord:
-        record = JoinRecord(self.me, self.fingerprint, revision, state_hash, float(window), float(self._clock()))
+    def _join(
+        self,
+        key: str,
+        revision: int,
+        state_hash: str,
+        window: float,
+        closed: bool = False,
+        timeout: float | None = None,
+    ) -> JoinRecord:
+        now = float(self._clock())
+        record = JoinRecord(self.me, self.fingerprint, revision, state_hash, float(window), now, closed, self.skip)
         cfg = self.cfg
-        self._store(key, JOIN_KIND, record, cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s + 30.0)
+        self._store(key, JOIN_KIND, record, cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s + 30.0, timeout)
         return record
+
+    def _close(self, key: str, mine: JoinRecord) -> JoinRecord:
+        """Mark this peer's record of its window closed (an early close: :func:`should_close`).
+
+        The store is cut at the window's normal end, so the close never delays
+        the decision past ``w + M`` (outer.py's time bound). If it does not get
+        out, others only keep gathering to the normal end, where the members
+        are the same.
+        """
+        left = mine.window_start + self.cfg.matchmaking_timeout_s - self._clock()
+        self._log(logging.DEBUG, "every expected member joined window %.3f: closing it", mine.window_start)
+        return self._join(
+            key, mine.revision, mine.state_hash, mine.window_start, True, min(self.cfg.dht_timeout_s, left)
+        )
 
     def matchmake(
         self, revision: int, state_hash: str, prober: Prober | None = None, leaving: Callable[[], bool] = lambda: False
@@ -172,10 +207,14 @@ class SyncRecords:
         With a ``prober``, every joiner read is pinged at once, and the group
         is formed only from the joiners that answered (:meth:`_live_group`).
         Once ``leaving()`` is true the wait ends with "leaving": no group is
-        formed yet, so nobody depends on this member.
+        formed yet, so nobody depends on this member. Once every expected
+        member (:func:`expected_members`) joined, this peer closes its record;
+        the group is decided as soon as the window is sealed (every record
+        closed), else at its normal end.
         """
         self.revision = revision
         m_s = self.cfg.matchmaking_timeout_s
+        expected = expected_members(self.last_round, self.me)
         key = join_key(self.swarm_id, self.fingerprint, revision, state_hash, self.cfg.compression)
         seen = self._read_joins(key, revision, state_hash)
         window = earliest_open_window(seen, self._clock(), m_s)
@@ -192,8 +231,11 @@ class SyncRecords:
                 self._log(logging.DEBUG, "switching to the earlier window %.3f", earlier)
                 mine = self._join(key, revision, state_hash, earlier)
                 seen[self.me] = mine
+            elif should_close(seen, self.me, expected) and self._clock() < mine.window_start + m_s:
+                mine = seen[self.me] = self._close(key, mine)
             decision = decide_group(seen, start, self.cfg, self.me)
             if decision.status != "gather":
+                self.last_round = frozenset(sorted(seen)[:MAX_EXPECTED])
                 return decision if prober is None else self._live_group(seen, start, mine.window_start, prober)
             wait = min(self.cfg.poll_s, mine.window_start + m_s - self._clock())
             self._sleep(max(0.0, wait))

@@ -8,6 +8,7 @@ import torch
 
 from swarm.sync.allreduce import Snapshot
 from swarm.sync.config import SyncReport
+from swarm.sync.wire import MAX_WEIGHT
 
 
 @dataclass(frozen=True)
@@ -20,11 +21,27 @@ class SyncJob:
 
     base: Snapshot
     params: torch.Tensor
+    steps: int = 1
+    """Inner steps trained since ``base`` (a catch-up keeps them: see :meth:`OuterSync.apply`)."""
+    step: int | None = None
+    """The caller's inner step when the job was taken (None: not told); a commit makes it the anchor's step."""
 
     @property
     def pseudo(self) -> torch.Tensor:
         """This member's pseudo-gradient: its own progress since the anchor, negated."""
         return self.base.anchor - self.params
+
+    @property
+    def weight(self) -> int:
+        """What this member's part counts for in the average (the wire header's ``weight``).
+
+        0 when nothing was trained since the anchor (a zero part would only
+        dilute the mean: no part is sent), else the inner steps, at least 1
+        and at most what the wire accepts.
+        """
+        if not bool(torch.count_nonzero(self.pseudo)):
+            return 0
+        return min(max(self.steps, 1), MAX_WEIGHT)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,9 @@ VOTE_KIND = "sync-vote"
 STATE_KIND = "sync-state"
 MAX_RECORD_BYTES = 1024
 ABORT_DIGEST = "abort"
+MAX_SKIP = 8
+"""Most revisions a join record may ask its group's commit to skip (a liar in a group inflates numbers by at
+most this per commit)."""
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -47,7 +50,12 @@ _BASE = {"version": int, "peer": str, "fingerprint": str, "revision": int, "crea
 
 @dataclass(frozen=True)
 class JoinRecord:
-    """ "I want to average at (revision, state_hash) in the gather window opened at window_start"."""
+    """ "I want to average at (revision, state_hash) in the gather window opened at window_start".
+
+    ``closed``: "every member I expected has joined this window" (an early
+    close, :func:`swarm.sync.decide.should_close`). Records without the field
+    (the format before it) are refused like any malformed record.
+    """
 
     peer: str
     fingerprint: str
@@ -55,6 +63,10 @@ class JoinRecord:
     state_hash: str
     window_start: float
     created: float
+    closed: bool = False
+    skip: int = 0
+    """Revisions past ``revision + 1`` this peer's next commit must take: others committed them from this
+    history but nobody could serve them (a dead branch). At most :data:`MAX_SKIP`; see ``decide_group``."""
     version: int = limits.PROTOCOL_VERSION
 
     def to_wire(self) -> dict[str, Any]:
@@ -62,10 +74,12 @@ class JoinRecord:
 
     @classmethod
     def from_wire(cls, obj: Any) -> JoinRecord:
-        d = _fields(obj, JOIN_KIND, {**_BASE, "state_hash": str, "window_start": float})
+        d = _fields(obj, JOIN_KIND, {**_BASE, "state_hash": str, "window_start": float, "closed": bool, "skip": int})
         _common(d, JOIN_KIND)
         _hex(d["state_hash"], 64, f"{JOIN_KIND}.state_hash")
         _time(d["window_start"], f"{JOIN_KIND}.window_start")
+        if not 0 <= d["skip"] <= MAX_SKIP:
+            raise MessageRejected(f"{JOIN_KIND}.skip: must be in [0, {MAX_SKIP}]")
         return cls(**d)
 
 

@@ -5,7 +5,9 @@ norm, and as the reducer of its own slice may return anything. Three layers:
 
 1. :func:`reduce_slice` (the reducer) clips every part to ``clip_factor`` x the
    median part norm (x its own part's norm when only two parts are present),
-   names the members it clipped, then aggregates with the selected rule.
+   names the members it clipped, caps every claimed weight (inner steps) at
+   ``max_weight_ratio`` x the median claim (:func:`clamp_weights`), then
+   aggregates with the selected rule.
 2. :func:`check_slice` (every member, on every reduced slice it receives)
    refuses a slice whose norm exceeds ``clip_factor`` x the norm of its own
    part of that slice: the member votes abort and the group discards.
@@ -85,6 +87,69 @@ def norm_bound(norms: Sequence[float], own: float | None, clip_factor: float) ->
     return None
 
 
+def clamp_weights(weights: Sequence[int], max_weight_ratio: float) -> list[float]:
+    """Each claimed weight capped at ``max_weight_ratio`` x the median claim (the smallest, with two).
+
+    A key can claim any step count; capped, one liar moves the weighted mean at
+    most as much as an honest peer that trained ``max_weight_ratio`` x the
+    median. With two parts a median cannot out-vote the liar, so the smaller
+    claim is the scale (the same on every reducer, so every slice is weighted alike).
+
+    >>> clamp_weights([4, 8, 10**9], 4.0), clamp_weights([3, 10**9], 4.0), clamp_weights([7], 4.0)
+    ([4.0, 8.0, 32.0], [3.0, 12.0], [7.0])
+    """
+    if len(weights) < 2:
+        return [float(w) for w in weights]
+    ordered = sorted(weights)
+    mid = len(ordered) // 2
+    if len(ordered) == 2:
+        scale = float(ordered[0])
+    elif len(ordered) % 2:
+        scale = float(ordered[mid])
+    else:
+        scale = 0.5 * (ordered[mid - 1] + ordered[mid])
+    cap = max_weight_ratio * scale
+    return [min(float(w), cap) for w in weights]
+
+
+def weighted_mean(parts: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """sum_i w_i x_i / sum_i w_i in float32, members in order (equal weights: the plain mean, same bits as before).
+
+    >>> weighted_mean([torch.tensor([0.0]), torch.tensor([3.0])], [1.0, 2.0])
+    tensor([2.])
+    """
+    if len(set(weights)) <= 1:
+        acc = parts[0].clone()
+        for p in parts[1:]:
+            acc += p
+        return acc / float(len(parts))
+    total = math.fsum(weights)
+    # coefficients in float64 then one float32 multiply-add per part: a fixed order, so fixed bits
+    acc = torch.zeros_like(parts[0])
+    for p, w in zip(parts, weights, strict=True):
+        acc += p * torch.tensor(w / total, dtype=torch.float32)
+    return acc
+
+
+def weighted_trimmed_mean(stacked: torch.Tensor, weights: Sequence[float], k: int) -> torch.Tensor:
+    """Per coordinate: drop the ``k`` smallest and ``k`` largest values (by count), weight the rest.
+
+    Trimming by count, not by weight, keeps a heavy claim from shielding its own
+    extreme value; the survivors then count by their (capped) inner steps.
+
+    >>> weighted_trimmed_mean(torch.tensor([[0.0], [1.0], [4.0], [100.0]]), [1.0, 1.0, 3.0, 1.0], 1)
+    tensor([3.2500])
+    """
+    ordered, index = stacked.sort(dim=0)
+    w = torch.tensor(list(weights), dtype=torch.float64)[index]  # each value's weight, sorted with it
+    kept, kept_w = ordered[k : len(weights) - k], w[k : len(weights) - k]
+    coeff = (kept_w / kept_w.sum(dim=0)).to(torch.float32)
+    acc = torch.zeros_like(kept[0])
+    for row, c in zip(kept, coeff, strict=True):
+        acc += row * c
+    return acc
+
+
 def coordinate_median(stacked: torch.Tensor) -> torch.Tensor:
     """Coordinate-wise median (the mean of the two middle values for an even count)."""
     ordered = stacked.sort(dim=0).values
@@ -107,12 +172,22 @@ def centered_clip(stacked: torch.Tensor) -> torch.Tensor:
     return v
 
 
-def aggregate(parts: Sequence[torch.Tensor], n: int, rule: str, trim_fraction: float) -> torch.Tensor:
-    """Combine equal-length parts with ``rule``; robust rules need 3 parts (fewer: the mean)."""
+def aggregate(
+    parts: Sequence[torch.Tensor], n: int, rule: str, trim_fraction: float, weights: Sequence[float] | None = None
+) -> torch.Tensor:
+    """Combine equal-length parts with ``rule``; robust rules need 3 parts (fewer: the mean).
+
+    ``weights`` (capped inner steps, see :func:`clamp_weights`; None: all equal)
+    weight ``mean`` and the survivors of ``trimmed_mean``. ``median`` and
+    ``centered_clip`` ignore them: their point is that no one member moves the
+    estimate far, and a weighted median would hand it to any claim heavier than
+    all the others together (a capped liar at 4x the median of three is 4/6).
+    """
     if rule not in RULES:
         raise ValueError(f"aggregator={rule!r}; use one of {', '.join(RULES)}")
     if not parts:
         return torch.zeros(n, dtype=torch.float32)
+    w = [1.0] * len(parts) if weights is None else list(weights)
     if len(parts) >= 3 and rule != "mean":
         stacked = torch.stack(list(parts))
         if rule == "median":
@@ -121,11 +196,10 @@ def aggregate(parts: Sequence[torch.Tensor], n: int, rule: str, trim_fraction: f
             return centered_clip(stacked)
         k = min(int(len(parts) * trim_fraction), (len(parts) - 1) // 2)
         if k > 0:
-            return stacked.sort(dim=0).values[k : len(parts) - k].mean(dim=0)
-    acc = parts[0].clone()
-    for p in parts[1:]:
-        acc += p
-    return acc / float(len(parts))
+            if len(set(w)) <= 1:
+                return stacked.sort(dim=0).values[k : len(parts) - k].mean(dim=0)
+            return weighted_trimmed_mean(stacked, w, k)
+    return weighted_mean(parts, w)
 
 
 def reduce_slice(
@@ -135,8 +209,11 @@ def reduce_slice(
     rule: str,
     trim_fraction: float,
     clip_factor: float,
+    weights: Sequence[int] | None = None,
+    max_weight_ratio: float = 4.0,
 ) -> Reduced:
-    """Clip each ``(peer, part)`` (member order) to the norm bound, then aggregate with ``rule``."""
+    """Clip each ``(peer, part)`` (member order) to the norm bound, cap ``weights`` (each part's claimed
+    inner steps; None: all equal), then aggregate with ``rule``."""
     norms = [norm(t) for _, t in parts]
     bound = norm_bound(norms, None if own is None else norm(own), clip_factor)
     flagged: dict[str, Suspicion] = {}
@@ -151,7 +228,8 @@ def reduce_slice(
             flagged_norms[peer] = t_norm
             t = clip_to(t, bound)
         clipped.append(t)
-    return Reduced(aggregate(clipped, n, rule, trim_fraction), flagged, flagged_norms, bound)
+    capped = None if weights is None else clamp_weights(weights, max_weight_ratio)
+    return Reduced(aggregate(clipped, n, rule, trim_fraction, capped), flagged, flagged_norms, bound)
 
 
 def check_slice(

@@ -39,7 +39,7 @@ class Rounds(Protocol):
     @property
     def revision(self) -> int: ...
 
-    def prepare(self) -> SyncJob: ...
+    def prepare(self, inner_step: int | None = None) -> SyncJob: ...
 
     def run(self, job: SyncJob) -> RoundOutcome: ...
 
@@ -87,7 +87,7 @@ class SyncRunner:
             logger.info("outer sync due after step %d while the last one still runs: skipped", inner_step)
             return report
         if not self.sync.cfg.eager:
-            outcome = self.sync.run(self.sync.prepare())
+            outcome = self.sync.run(self.sync.prepare(inner_step))
             self.sync.apply(outcome)
             return outcome.report
         self._start(inner_step)
@@ -119,7 +119,7 @@ class SyncRunner:
         self.sync.close()
 
     def _start(self, inner_step: int) -> None:
-        job = self.sync.prepare()  # on the training thread: the weights as of this boundary
+        job = self.sync.prepare(inner_step)  # on the training thread: the weights as of this boundary
 
         def work() -> None:
             try:

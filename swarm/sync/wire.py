@@ -18,6 +18,8 @@ from swarm.sync.errors import BadBytes, PeerLost
 
 MAX_HEADER_BYTES = 4096
 CHUNK_BYTES = 1 << 20
+MAX_WEIGHT = (1 << 31) - 1
+"""Largest inner-step count a part may claim (reducers cap claims far lower: ``max_weight_ratio``)."""
 
 
 async def write_frame(
@@ -66,6 +68,18 @@ async def read_payload(reader: asyncio.StreamReader, size: int, chunk_timeout: f
     except asyncio.IncompleteReadError:
         raise PeerLost(f"stream closed after {got} of {size} payload bytes") from None
     return bytes(buf)
+
+
+def check_weight(value: Any) -> int:
+    """A part header's ``weight``: the sender's inner steps since its anchor, 0 for no part (BadBytes if not).
+
+    >>> check_weight(12), check_weight(0)
+    (12, 0)
+    """
+    # bool is an int in Python (and msgpack keeps it apart): refused, as is anything unbounded
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_WEIGHT:
+        raise BadBytes(f"weight must be an int in [0, {MAX_WEIGHT}]")
+    return value
 
 
 async def send_error(writer: asyncio.StreamWriter, reason: str, chunk_timeout: float) -> None:

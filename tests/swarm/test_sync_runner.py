@@ -99,7 +99,7 @@ class HeldRounds:
         self.fail = False
         self.cancelled = False
 
-    def prepare(self) -> SyncJob:
+    def prepare(self, inner_step: int | None = None) -> SyncJob:
         return SyncJob(snap(self.revision, [0.0]), torch.tensor([float(len(self.jobs))]))
 
     def run(self, job: SyncJob) -> RoundOutcome:
