@@ -101,6 +101,8 @@ class ChaosReport:
     revisions: dict[int, list[str]] = field(default_factory=dict)
     forks: dict[int, list[str]] = field(default_factory=dict)
     """Revisions committed with two or more state hashes (by different groups)."""
+    branches: dict[str, list[str]] = field(default_factory=dict)
+    """Parent states extended by two or more commits (forks, and dead branches skipped past)."""
     longest_round_gap_s: float = 0.0
     longest_commit_gap_s: float = 0.0
     unexpected_exits: list[dict[str, Any]] = field(default_factory=list)
@@ -149,6 +151,15 @@ def revision_hashes(syncs: Iterable[Event]) -> dict[int, set[str]]:
     return dict(by_rev)
 
 
+def child_hashes(syncs: Iterable[Event]) -> dict[str, set[str]]:
+    """Parent state hash -> the committed states extending it (one each in a linear history)."""
+    by_parent: dict[str, set[str]] = defaultdict(set)
+    for e in syncs:
+        if e.get("committed") and e.get("parent"):
+            by_parent[str(e["parent"])].add(str(e["state_hash"]))
+    return dict(by_parent)
+
+
 def exit_expected(status: int, cause: Cause, gave_up_alone: bool) -> bool:
     """Whether a node's exit status is one the harness caused (or a joiner's documented give-up)."""
     if cause is Cause.KILLED:
@@ -183,6 +194,9 @@ def judge(
     for rev, hashes in report.forks.items():
         if cfg.forks_fail:
             report.failures.append(f"revision {rev} committed with {len(hashes)} state hashes: {hashes}")
+    # a state extended twice: a fork, or a dead branch (every holder of the first child gone, the
+    # survivors committed past it under a later revision number); counted, the revisions judge above
+    report.branches = {p[:8]: sorted(h)[:4] for p, h in child_hashes(syncs).items() if len(h) > 1}
 
 
 def choose_action(rng: random.Random, running: int, alive: int, dead: int, limit: int) -> Action | None:

@@ -80,6 +80,7 @@ class Node:
         self.metrics: MetricsWriter | None = None
         self.sync: Sync | None = None
         self.in_sync = False  # an outer sync round is running (it is finished, not cut, on leave)
+        self._outer_moved = False  # the last round applied a sync that moved the outer state: checkpoint it
         self.peers_seen = SeenPeers()
         self._checkpointed = -1  # round of the last checkpoint written or loaded
         self._digest_start = ""  # weights' digest at start (set once the model is loaded)
@@ -244,7 +245,9 @@ class Node:
         record = self._record(local, external, collected, n_dropped, stats, t0, phases)
         self._log_progress(record, sync)
         every = self.parts.checkpoint.every
-        if every and self.round % every == 0:
+        # a checkpoint right after the outer state moved: a crash that restored an older revision would
+        # make this node extend that one again, forking the group's history (bench/chaos.py found it)
+        if every and (self.round % every == 0 or self._outer_moved):
             self.save_checkpoint()
         return record
 
@@ -320,6 +323,7 @@ class Node:
         finished one is applied here, at the round boundary. Returns a few words
         for the progress line ("" if no sync ended).
         """
+        self._outer_moved = False
         if self.sync is None or self.stop_event.is_set():
             return ""
         self.in_sync = True
@@ -334,6 +338,7 @@ class Node:
         logger.info(
             "outer sync %s: revision %d, group of %d (%.2fs)", state, report.revision, report.group_size, report.sync_s
         )
+        self._outer_moved = report.committed or report.caught_up
         return f" | sync rev {report.revision} {state}"
 
     def _write_sync(self, report: SyncReport) -> None:

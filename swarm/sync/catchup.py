@@ -7,6 +7,15 @@ most recent :data:`MAX_PARTNERS`). A newcomer (revision 0, no round committed
 yet) follows its bootstrap peers at any distance; everyone else refuses a
 downloaded state that is off target, not finite, or implausibly far from its
 own anchor (:func:`~swarm.sync.decide.check_downloaded_state`).
+
+Forks. A peer that syncs at its own state while its group has moved on
+starts a second history (two hashes at one revision). So partners and this
+peer's own recent steps are checkpointed (:meth:`CatchUpper.state_dict`): a
+restarted node still trusts whom it synced with. Trusted peers at this
+peer's own state count against a claim ahead only if they answer a ping now
+(records outlive their signers by up to ``record_ttl_s``). And a target that
+could not be downloaded is retried before this peer syncs at its own state
+(:data:`RETRIES`); one refused as implausible is passed over at once.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -23,13 +33,16 @@ from swarm.sync.allreduce import Snapshot
 from swarm.sync.config import AbortCause, OuterSyncConfig, SyncAborted
 from swarm.sync.decide import (
     CatchUp,
+    CatchUpDecision,
     CatchUpRefusal,
     check_contested_step,
     check_downloaded_state,
     decide_catch_up,
+    staying_peers,
 )
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
+from swarm.sync.records import MAX_SKIP
 from swarm.sync.robust import norm
 
 MAX_PARTNERS = 1024
@@ -38,8 +51,17 @@ MAX_PARTNERS = 1024
 RECENT_STEPS = 8
 """This peer's last committed outer steps (anchor shift norms) that bound a contested catch-up."""
 
+RETRIES = 2
+"""Rounds a target that no donor served is retried (the round waits) before this peer syncs at its own state."""
+
+MAX_IGNORED = 256
+"""Targets remembered as failed or refused (bounded memory; the oldest are forgotten first)."""
+
 Fetch = Callable[[str, int, float], Snapshot]
 """(donor, number of values, timeout) -> the donor's state; raises on any failure."""
+
+Alive = Callable[[list[str], float], set[str]]
+"""(peers, timeout) -> those that answered a fresh ping within ``timeout``."""
 
 Log = Callable[..., None]
 """(level, msg, *args): the owner's logger, which adds the peer and revision."""
@@ -57,8 +79,16 @@ class CatchUpper:
         bootstrap: frozenset[str],
         log: Log,
         clock: Callable[[], float] = time.time,
+        alive: Alive | None = None,
     ) -> None:
         self._me, self._records, self._fetch, self._cfg, self._log, self._clock = me, records, fetch, cfg, log, clock
+        self._alive = alive
+        self.own_claim: tuple[int, str] | None = None
+        """A later state this peer itself published before a restart from an older checkpoint (see decide_catch_up)."""
+        self._unserved: set[tuple[int, str]] = set()
+        """Targets passed over because no donor served them (others committed them; nobody holds them now)."""
+        self._failed: dict[tuple[int, str], int] = {}
+        """Targets that failed: times no donor served them, or RETRIES when refused as implausible."""
         self.bootstrap = bootstrap
         self._partners: dict[str, None] = {}
         self.refusals: dict[CatchUpRefusal, int] = {}
@@ -69,6 +99,38 @@ class CatchUpper:
         """This peer committed an outer step that moved its anchor by ``shift_norm``."""
         if math.isfinite(shift_norm):
             self._steps.append(shift_norm)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Partners (most recent last) and recent steps: what a restart must keep to stay on the group's history."""
+        return {"partners": list(self._partners), "steps": list(self._steps)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; malformed entries are skipped (a checkpoint is local, but checked)."""
+        partners = state.get("partners", [])
+        steps = state.get("steps", [])
+        self.add_partners(p for p in (partners if isinstance(partners, list) else []) if isinstance(p, str))
+        for step in steps if isinstance(steps, list) else []:
+            if isinstance(step, float):
+                self.note_step(step)
+
+    def ignored(self) -> frozenset[tuple[int, str]]:
+        """Targets passed over: retried :data:`RETRIES` times without a donor, or refused as implausible."""
+        return frozenset(t for t, n in self._failed.items() if n >= RETRIES)
+
+    def _fail(self, target: CatchUp, refused: bool) -> None:
+        key = (target.revision, target.state_hash)
+        self._failed[key] = RETRIES if refused else self._failed.get(key, 0) + 1
+        if not refused and self._failed[key] >= RETRIES:
+            self._unserved.add(key)
+        while len(self._failed) > MAX_IGNORED:
+            self._unserved.discard(oldest := next(iter(self._failed)))
+            del self._failed[oldest]
+
+    def skip(self, snap: Snapshot) -> int:
+        """Revisions this peer's next commit from ``snap`` must skip: past the states others committed after it
+        that nobody could serve (a dead branch), so a revision number still names one state (at most MAX_SKIP)."""
+        beyond = [r - snap.revision for r, _ in self._unserved if r > snap.revision]
+        return min(max(beyond, default=0), MAX_SKIP)
 
     def trusted(self) -> frozenset[str]:
         """Peers whose state records may move this one (see :func:`decide_catch_up`)."""
@@ -92,12 +154,31 @@ class CatchUpper:
         """No history yet: revision 0 and no round committed. Its anchor is only its own initialisation."""
         return snap.revision == 0 and not self._partners
 
-    def catch_up(self, snap: Snapshot, leaving: Callable[[], bool]) -> Snapshot | None:
-        """The checked state to move to from ``snap``, or None if not behind; raises SyncAborted on failure."""
-        self._records.refresh_state(snap.revision, snap.state_hash)
+    def decide(self, snap: Snapshot, ping: bool = True) -> CatchUpDecision:
+        """Read the state records and decide (pinging trusted peers at this state if they outvote a claim ahead)."""
         states = self._records.read_states()
         leaders = self.bootstrap if self.newcomer(snap) else frozenset()
-        decision = decide_catch_up(states, snap.revision, snap.state_hash, self._me, self.trusted(), leaders)
+        trusted, ignored = self.trusted(), self.ignored()
+        own = self.own_claim if self.own_claim is not None and self.own_claim[0] > snap.revision else None
+        self.own_claim = own
+        mine = (snap.revision, snap.state_hash)
+        decision = decide_catch_up(states, *mine, self._me, trusted, leaders, ignored, None, own)
+        outvoted = CatchUpRefusal.OUTVOTED in decision.refused.values()
+        if ping and decision.target is None and outvoted and self._alive is not None:
+            staying = staying_peers(states, snap.revision, snap.state_hash, trusted)[:64]
+            alive = self._alive([p for p in staying if p != self._me], self._cfg.ping_timeout_s)
+            decision = decide_catch_up(states, *mine, self._me, trusted, leaders, ignored, alive, own)
+        return decision
+
+    def catch_up(self, snap: Snapshot, leaving: Callable[[], bool]) -> Snapshot | None:
+        """The checked state to move to from ``snap``, or None if not behind; raises SyncAborted on failure.
+
+        :class:`StateDownloadFailed` says with ``retry`` whether this peer should
+        wait for the next round rather than sync at its own state (which would
+        fork the history if the target is real).
+        """
+        self._records.refresh_state(snap.revision, snap.state_hash)
+        decision = self.decide(snap)
         for peer, reason in decision.refused.items():
             self._refused(peer, reason)
         target = decision.target
@@ -122,10 +203,13 @@ class CatchUpper:
                 continue
             if refusal is not None:  # the target's bytes themselves are implausible: every donor serves them
                 self._refused(donor, refusal)
-                raise StateDownloadFailed(f"target state refused: {refusal.value}")
+                self._fail(target, refused=True)
+                raise StateDownloadFailed(f"target state refused: {refusal.value}", retry=False)
             self._log(logging.INFO, "caught up from %s: %s", donor[-6:], got.state_hash[:8])
             return got
-        raise StateDownloadFailed("no donor served the target state")
+        self._fail(target, refused=False)
+        retry = (target.revision, target.state_hash) not in self.ignored()
+        raise StateDownloadFailed("no donor served the target state", retry=retry)
 
     def _refused(self, peer: str, reason: CatchUpRefusal) -> None:
         """Count a refused claim or state; WARNING once per (peer, reason), DEBUG after."""
@@ -150,9 +234,11 @@ class CatchUpper:
         own = snap.anchor
         shift = norm(got.anchor - own) if finite else math.inf
         momentum = norm(got.momentum) if finite else math.inf
-        refusal = check_downloaded_state(
-            norm(own), shift, momentum, finite, self._cfg.max_state_shift, self._cfg.outer_momentum
-        )
+        # k revisions of honest training move the anchor about k times as far as one: a node restarted
+        # from an old checkpoint must still be able to rejoin its group's history
+        ahead = max(1, target.revision - snap.revision)
+        max_shift = self._cfg.max_state_shift * ahead
+        refusal = check_downloaded_state(norm(own), shift, momentum, finite, max_shift, self._cfg.outer_momentum)
         if refusal is None and target.contested:
-            return check_contested_step(shift, list(self._steps), self._cfg.clip_factor)
+            return check_contested_step(shift, list(self._steps), self._cfg.clip_factor, ahead)
         return refusal

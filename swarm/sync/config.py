@@ -39,6 +39,9 @@ class AbortCause(StrEnum):
     COMMIT_TIMEOUT = "commit timeout"
     MEMBER_LOST = "member lost before voting"
     SHUTTING_DOWN = "shutting down"
+    CATCH_UP_FAILED = "catch-up failed"
+    SUPERSEDED = "superseded"
+    """A trusted peer reported a later state from this round's parent: committing would fork the history."""
 
 
 class SyncAborted(RuntimeError):
@@ -96,6 +99,15 @@ class OuterSyncConfig:
             "part norm of its slice (x its own part's norm with 2 parts), and a member votes abort on a "
             "reduced slice longer than clip_factor x its own part. Higher tolerates more honest spread "
             "but lets a poisoner move the average further; > 1."
+        },
+    )
+    max_weight_ratio: float = field(
+        default=4.0,
+        metadata={
+            "help": "Each member's part counts by the inner steps it trained since the anchor, but a reducer "
+            "counts a claim as at most this x the median claim of its slice (x the smaller, with 2 parts): "
+            "any key can claim any step count. Higher lets much faster peers count fully but lets a liar "
+            "move the average further; >= 1."
         },
     )
     suspect_ban_s: float = field(
@@ -168,6 +180,10 @@ class OuterSyncConfig:
             raise ValueError(f"trim_fraction={self.trim_fraction}; use a value in [0, 0.5), e.g. 0.2")
         if not (math.isfinite(self.clip_factor) and self.clip_factor > 1.0):
             raise ValueError(f"clip_factor={self.clip_factor}; use a finite number above 1 (typical: 2-10)")
+        if not (math.isfinite(self.max_weight_ratio) and self.max_weight_ratio >= 1.0):
+            raise ValueError(
+                f"max_weight_ratio={self.max_weight_ratio}; use a finite number of at least 1 (typical: 2-8)"
+            )
         if not (math.isfinite(self.outer_lr) and self.outer_lr > 0):
             raise ValueError(f"outer_lr={self.outer_lr}; use a positive number (DiLoCo: 0.7)")
         if not 0.0 <= self.outer_momentum < 1.0:
@@ -205,7 +221,7 @@ class OuterSyncConfig:
         """Upper bound on one ``sync_now`` (catch-up included); see :mod:`swarm.sync.outer`."""
         d = self.dht_timeout_s
         round_s = self.matchmaking_timeout_s + self.allreduce_timeout_s + max(self.commit_timeout_s, d)
-        return round_s + self.state_timeout_s + 6 * d + 1.0
+        return round_s + self.state_timeout_s + self.ping_timeout_s + 6 * d + 1.0
 
 
 @dataclass
@@ -230,6 +246,8 @@ class SyncReport:
     """State claims and downloads catch-up refused so far, by reason (cumulative since start)."""
     cause: AbortCause | None = None
     """Why the round was aborted (None unless ``outcome`` is aborted)."""
+    parent: str = ""
+    """The state hash the round started from (after any catch-up): a commit's parent in the history."""
 
     def to_metrics(self) -> dict[str, Any]:
         """The ``{"event": "sync", ...}`` metrics record."""
@@ -251,4 +269,5 @@ class SyncReport:
             "suspects": len(self.suspects),
             "catch_up_refused": dict(self.catch_up_refused),
             "suspect_peers": dict(self.suspects),
+            "parent": self.parent,
         }

@@ -13,6 +13,16 @@ While gathering it keeps switching to the earliest open window it sees. At
 record names window ``w``, sorted by peer id. The last ``(1 - JOIN_FRACTION) * M``
 of the window lets the last joins propagate; a member that still sees a
 different set computes a different group id and is refused by the others.
+
+Early close. A member that sees every peer it expects (:func:`expected_members`)
+joined its window marks its record closed (:func:`should_close`); once every
+record naming the window is closed (*sealed*, :func:`window_sealed`) the
+group is decided at once, before ``w + M``. A sealed window takes no more
+joiners. One open record (a late joiner, a key that never closes) only
+keeps the window running to its normal end; a closed record alone never
+turns anyone away. Members that decide on different views compute different
+group ids: the round aborts, as at the normal end, and no two overlapping
+groups commit.
 """
 
 from __future__ import annotations
@@ -34,18 +44,68 @@ JOIN_FRACTION = 0.75
 def earliest_open_window(records: Mapping[str, JoinRecord], now: float, window_s: float) -> float | None:
     """The start of the earliest window still open to joiners, or None if none is.
 
+    A sealed window (every record of it closed) is not open: its members may
+    have decided their group already.
+
     >>> r = JoinRecord("p", "0" * 16, 0, "0" * 64, 10.0, 10.0)
     >>> earliest_open_window({"p": r}, now=12.0, window_s=4.0), earliest_open_window({"p": r}, 13.5, 4.0)
     (10.0, None)
     """
-    starts = [r.window_start for r in records.values() if r.window_start <= now]
-    open_ = [w for w in starts if now < w + JOIN_FRACTION * window_s]
+    starts = {r.window_start for r in records.values() if r.window_start <= now}
+    open_ = [w for w in starts if now < w + JOIN_FRACTION * window_s and not window_sealed(records, w)]
     return min(open_) if open_ else None
 
 
-def group_id(fingerprint: str, revision: int, state_hash: str, window_start: float, members: Sequence[str]) -> str:
-    """32 hex chars naming one group of one round; every message of the round carries it."""
-    text = f"{fingerprint}|{revision}|{state_hash}|{window_start!r}|{','.join(members)}"
+def window_sealed(records: Mapping[str, JoinRecord], window: float) -> bool:
+    """Whether some record names ``window`` and every record naming it is closed.
+
+    One open record keeps the window unsealed, so a key that joins and never
+    closes only cancels the early close; a closed record cannot seal a window
+    that an open member is in.
+    """
+    named = [r for r in records.values() if r.window_start == window]
+    return bool(named) and all(r.closed for r in named)
+
+
+def expected_members(last_round: Collection[str], me: str) -> frozenset[str]:
+    """Whom this peer expects in its window: every peer that joined (any window of) its key last round.
+
+    They wanted to sync with this history: the last group's members moved on
+    with this peer, and those left out (a slower peer that arrived after the
+    window was sealed) catch up and come back; expecting them keeps the next
+    window open for them, or a slow peer would be sealed out every round. One
+    that is expected and never joins (gone, or a key that joined once) only
+    keeps the window running to its normal end. Empty (no early close) on a
+    first round.
+
+    >>> sorted(expected_members(["me", "a", "slow"], "me"))
+    ['a', 'slow']
+    """
+    return frozenset(p for p in last_round if p != me)
+
+
+def should_close(join_records: Mapping[str, JoinRecord], me: str, expected: Collection[str]) -> bool:
+    """Whether ``me`` marks its record closed: every expected peer joined ``me``'s window (and some is expected).
+
+    >>> r = {p: JoinRecord(p, "0" * 16, 0, "0" * 64, 10.0, 10.0) for p in "ab"}
+    >>> should_close(r, "a", {"b"}), should_close(r, "a", {"b", "c"}), should_close(r, "a", ())
+    (True, False, False)
+    """
+    mine = join_records.get(me)
+    if mine is None or mine.closed or not expected:
+        return False
+    joined = {p for p, r in join_records.items() if r.window_start == mine.window_start}
+    return set(expected) <= joined
+
+
+def group_id(
+    fingerprint: str, revision: int, state_hash: str, window_start: float, members: Sequence[str], skip: int = 0
+) -> str:
+    """32 hex chars naming one group of one round; every message of the round carries it.
+
+    ``skip`` is in it, so members that would commit at different revisions never form one group.
+    """
+    text = f"{fingerprint}|{revision}|{state_hash}|{window_start!r}|{','.join(members)}|{skip}"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -57,20 +117,24 @@ class GroupDecision:
     window_start: float
     members: tuple[str, ...] = ()
     group_id: str = ""
+    skip: int = 0
+    """The commit takes revision ``revision + 1 + skip``: the largest skip among the members' records."""
 
 
 def decide_group(join_records: Mapping[str, JoinRecord], now: float, cfg: OuterSyncConfig, me: str) -> GroupDecision:
     """Decide this peer's group from the (verified) join records of its key.
 
-    The window is the one ``me``'s own record names; before it closes the
-    answer is "gather". Members are the peers whose records name the same
-    window, sorted; at most ``max_group_size`` (lowest ids first) are taken.
+    The window is the one ``me``'s own record names; before it closes
+    (at ``w + M``, or earlier once :func:`window_sealed`) the answer is
+    "gather". Members are the peers whose records name the same window,
+    sorted; at most ``max_group_size`` (lowest ids first) are taken. The
+    members and group id do not depend on when the window closed.
     """
     mine = join_records.get(me)
     if mine is None:
         return GroupDecision("no partner", now)
     w = mine.window_start
-    if now < w + cfg.matchmaking_timeout_s:
+    if now < w + cfg.matchmaking_timeout_s and not window_sealed(join_records, w):
         return GroupDecision("gather", w)
     members = tuple(sorted(p for p, r in join_records.items() if r.window_start == w))
     members = members[: cfg.max_group_size]
@@ -78,8 +142,9 @@ def decide_group(join_records: Mapping[str, JoinRecord], now: float, cfg: OuterS
         return GroupDecision("not in group", w)
     if len(members) < cfg.min_group_size:
         return GroupDecision("no partner", w, members)
-    gid = group_id(mine.fingerprint, mine.revision, mine.state_hash, w, members)
-    return GroupDecision("ready", w, members, gid)
+    skip = max(join_records[p].skip for p in members)
+    gid = group_id(mine.fingerprint, mine.revision, mine.state_hash, w, members, skip)
+    return GroupDecision("ready", w, members, gid, skip)
 
 
 def live_records(join_records: Mapping[str, JoinRecord], answered: Collection[str], me: str) -> dict[str, JoinRecord]:
@@ -168,24 +233,31 @@ class CatchUpDecision(NamedTuple):
     refused: dict[str, CatchUpRefusal]
 
 
+MAX_CONTESTED_AHEAD = 8
+"""Most revisions ahead a state may be to be followed on fewer trusted vouchers than trusted peers at this
+peer's own state (each still bounded by this peer's own outer steps: :func:`check_contested_step`)."""
+
+
 def _beats(state: tuple[int, str], vouchers: int, mine: tuple[int, str], stay: int) -> bool:
     """Whether ``vouchers`` trusted peers at ``state`` outweigh the ``stay`` trusted peers at ``mine``."""
     if state[0] > mine[0]:
-        return vouchers > stay or _next_contested(state, vouchers, mine)
+        return vouchers > stay or _contested(state, vouchers, mine)
     # same revision, another hash: this peer's own state counts too; ties go to the smaller hash
     return vouchers > stay + 1 or (vouchers == stay + 1 and state[1] < mine[1])
 
 
-def _next_contested(state: tuple[int, str], vouchers: int, mine: tuple[int, str]) -> bool:
-    """A trusted peer reports the next revision while others still report this peer's state.
+def _contested(state: tuple[int, str], vouchers: int, mine: tuple[int, str]) -> bool:
+    """A trusted peer reports a state a few revisions ahead while others still report this peer's state.
 
-    A peer at ``mine`` says only that it has not seen the next commit yet, not
+    A peer at ``mine`` says only that it has not seen the later commits yet, not
     that none happened: trusted peers that merely lag must not keep this peer
     on a state another group already moved on from, or two groups extend it
-    and the history forks (a 160 s chaos run: revision 3 committed twice). One
-    revision only: a liar's claim of a far revision still needs a majority.
+    and the history forks (chaos runs: revision 3 of a 160 s run; restarted
+    nodes a few revisions behind in a 30-minute one). A few revisions only
+    (:data:`MAX_CONTESTED_AHEAD`): a liar's claim of a far revision still needs
+    a majority.
     """
-    return state[0] == mine[0] + 1 and vouchers >= 1
+    return 0 < state[0] - mine[0] <= MAX_CONTESTED_AHEAD and vouchers >= 1
 
 
 def decide_catch_up(
@@ -195,6 +267,9 @@ def decide_catch_up(
     me: str,
     trusted: Collection[str],
     leaders: Collection[str] = (),
+    ignored: Collection[tuple[int, str]] = (),
+    stay_alive: Collection[str] | None = None,
+    own_claim: tuple[int, str] | None = None,
 ) -> CatchUpDecision:
     """Whether this peer must download another state before its next sync, and which.
 
@@ -208,10 +283,18 @@ def decide_catch_up(
     vouched wins, then the *lowest* revision: a peer never jumps further than
     its trusted peers agree. Donors are every other peer reporting exactly
     the target (the downloaded bytes are checked against the hash anyway).
-    The next revision is followed on one trusted voucher even against more at
-    this peer's state (:func:`_next_contested`), but ``contested``: its step
-    must be no larger than this peer's own recent ones (see
-    :func:`check_contested_step`).
+    A state a few revisions ahead is followed on one trusted voucher even
+    against more at this peer's state (:func:`_contested`), but ``contested``:
+    its shift must be no larger than this peer's own recent steps allow (see
+    :func:`check_contested_step`). With ``stay_alive``, only those trusted
+    peers at this peer's state count as staying (the others' records outlive
+    them: a dead partner says nothing). States in ``ignored`` (targets that
+    could not be downloaded or were refused) are passed over.
+
+    ``own_claim`` is a state this very peer published before it restarted from
+    an older checkpoint (its own signed record): it committed that state, so
+    syncing from an earlier one would fork its own history. It is followed
+    like a bootstrap peer's.
 
     ``leaders`` (a node with no history yet passes its bootstrap peers) are
     followed at the same revision too, whatever the hash order, while no
@@ -219,16 +302,20 @@ def decide_catch_up(
     pointed at. Otherwise two nodes started apart with different weights,
     the first one trusting no one, would never agree on a revision 0.
     """
-    others = {p: r for p, r in state_records.items() if p != me}
+    others = {p: r for p, r in state_records.items() if p != me and (r.revision, r.state_hash) not in ignored}
     mine = (my_revision, my_hash)
-    stay = sum(1 for p, r in others.items() if p in trusted and (r.revision, r.state_hash) == mine)
+    staying = staying_peers(others, my_revision, my_hash, trusted)
+    stay = len(staying if stay_alive is None else [p for p in staying if p in stay_alive])
     vouchers: dict[tuple[int, str], int] = {}
     for p, r in others.items():
         state = (r.revision, r.state_hash)
         if p in trusted and state != mine and r.revision >= my_revision:
             vouchers[state] = vouchers.get(state, 0) + 1
     led = {(r.revision, r.state_hash) for p, r in others.items() if p in leaders and r.revision == my_revision}
+    if own_claim is not None and own_claim[0] > my_revision and own_claim not in ignored:
+        vouchers[own_claim] = vouchers.get(own_claim, 0) + 1
     followable = [s for s, n in vouchers.items() if _beats(s, n, mine, stay) or (s in led and stay == 0)]
+    followable += [own_claim] if own_claim in vouchers and own_claim not in followable else []
     best = min(followable, key=lambda s: (-vouchers[s], s), default=None)
     refused = {
         p: CatchUpRefusal.OUTVOTED if p in trusted else CatchUpRefusal.UNVOUCHED
@@ -243,6 +330,18 @@ def decide_catch_up(
     )
     contested = vouchers[best] <= stay and best[0] > my_revision
     return CatchUpDecision(CatchUp(best[0], best[1], tuple(donors), contested), refused)
+
+
+def staying_peers(
+    state_records: Mapping[str, StateRecord], my_revision: int, my_hash: str, trusted: Collection[str]
+) -> list[str]:
+    """The trusted peers whose records report exactly this peer's state (whom a catch-up may ping).
+
+    >>> staying_peers({"b": StateRecord("b", "0" * 16, 3, "a" * 64, 1.0)}, 3, "a" * 64, {"b"})
+    ['b']
+    """
+    mine = (my_revision, my_hash)
+    return sorted(p for p, r in state_records.items() if p in trusted and (r.revision, r.state_hash) == mine)
 
 
 def peers_named_in(multiaddrs: Iterable[str]) -> frozenset[str]:
@@ -260,21 +359,25 @@ def peers_named_in(multiaddrs: Iterable[str]) -> frozenset[str]:
     return frozenset(out)
 
 
-def check_contested_step(shift_norm: float, own_steps: Sequence[float], factor: float) -> CatchUpRefusal | None:
-    """Whether a contested next state moved the anchor plausibly: at most ``factor`` x this peer's largest recent step.
+def check_contested_step(
+    shift_norm: float, own_steps: Sequence[float], factor: float, ahead: int = 1
+) -> CatchUpRefusal | None:
+    """Whether a contested state ``ahead`` revisions on moved the anchor plausibly.
 
-    An honest next revision is one outer step of the same group dynamics as
-    this peer's own recent commits; a liar's made-up next state must stay
-    within that, as a clipped poisoner must within a round. A peer with no
-    committed step to compare with does not follow a contested claim.
+    At most ``factor`` x ``ahead`` x this peer's largest recent step.
 
-    >>> check_contested_step(0.3, [0.1, 0.2], 4.0) is None
-    True
+    An honest later revision is a few outer steps of the same group dynamics as
+    this peer's own recent commits; a liar's made-up state must stay within
+    that, as a clipped poisoner must within a round. A peer with no committed
+    step to compare with does not follow a contested claim.
+
+    >>> check_contested_step(0.3, [0.1, 0.2], 4.0) is None, check_contested_step(1.5, [0.1, 0.2], 4.0, ahead=2) is None
+    (True, True)
     >>> too_far, no_scale = check_contested_step(0.9, [0.1, 0.2], 4.0), check_contested_step(0.1, [], 4.0)
     >>> too_far is no_scale is CatchUpRefusal.CONTESTED_STEP
     True
     """
-    if not own_steps or not shift_norm <= factor * max(own_steps):
+    if not own_steps or not shift_norm <= factor * max(1, ahead) * max(own_steps):
         return CatchUpRefusal.CONTESTED_STEP
     return None
 

@@ -20,7 +20,14 @@ class GroupMismatch(SyncAborted):
 
 
 class StateDownloadFailed(SyncAborted):
-    """No donor served state that matched the target revision and hash."""
+    """No donor served state that matched the target revision and hash (or the target was refused).
+
+    ``retry``: skip this round and try again next one, rather than sync at this peer's own state.
+    """
+
+    def __init__(self, detail: str, retry: bool = False) -> None:
+        super().__init__(detail, AbortCause.CATCH_UP_FAILED)
+        self.retry = retry
 
 
 class PeerLost(SyncAborted):

@@ -5,7 +5,9 @@ allreduce_timeout_s, commit_timeout_s, state_timeout_s, dht_timeout_s):
 
 1. Catch-up: read the state records of this architecture; if more trusted
    peers (round partners, peers named to join through) report a newer state
-   (or another hash at this revision) than report this peer's own, download
+   (or another hash at this revision) than report this peer's own (those
+   that still answer a ping), or one trusted peer a state a few revisions
+   on whose shift this peer's own steps can account for, download
    (anchor, momentum, revision) from a peer at the target, verify the hash,
    that it is finite and plausibly close to this peer's own anchor, and
    move to it (:mod:`swarm.sync.catchup`); the weights keep this peer's own
@@ -20,7 +22,9 @@ allreduce_timeout_s, commit_timeout_s, state_timeout_s, dht_timeout_s):
    members; fewer than ``min_group_size`` -> "no partner".
 3. All-reduce by ``w + M + A``: reduce-scatter + all-gather of the reducers'
    exact bytes (:mod:`swarm.sync.allreduce`).
-4. Commit vote: each member publishes a signed digest of (group id,
+4. Commit vote: if a trusted peer now reports a later state than the
+   round's parent (another group extended it meanwhile), vote abort: a
+   commit would fork the history. Else each member publishes a signed digest of (group id,
    revision, every slice's bytes), or "abort"; apply only if all members
    voted the same digest, seen by a read begun by ``D = w + M + A + C``
    (:func:`decide_commit`). Then revision += 1, and a signed (revision,
@@ -32,10 +36,11 @@ Time bound. All deadlines are absolute from ``w``, and ``w`` is at most the
 time this peer first read the join key, so a stalled or dead peer cannot
 push anyone's deadlines. One ``sync_now`` returns within
 
-    T_max = M + A + max(C, d) + S + 6 d   (+ local O(params) compute)
+    T_max = M + A + max(C, d) + S + P + 6 d   (+ local O(params) compute)
 
 Counted with every DHT call taking its full d: the catch-up check refreshes
-and reads the state records (2 d) and, when it runs, downloads within S and
+and reads the state records (2 d), may ping the trusted peers that report
+this peer's own state (P), and, when it runs, downloads within S and
 stores the new state record (d); the round's first join read (d) fixes w;
 from w: the window M, the all-reduce ends by ``w + M + A`` (a late group
 decision, with the join store, last group read and pings overrunning the
@@ -72,6 +77,7 @@ from swarm.sync.catchup import CatchUpper
 from swarm.sync.config import AbortCause, OuterSyncConfig, SyncAborted, SyncOutcome, SyncReport
 from swarm.sync.decide import CatchUpRefusal, GroupDecision, peers_named_in
 from swarm.sync.dhtio import SyncRecords
+from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.job import RoundOutcome, SyncJob, weights_after
 from swarm.sync.liveness import Prober
 from swarm.sync.records import ABORT_DIGEST
@@ -127,6 +133,9 @@ class OuterSync:
         # the state the module's weights are based on; _snap runs ahead of it while a round's
         # outcome waits to be applied, and checkpoints save this one (weights and anchor agree)
         self._applied = self._snap
+        # the inner step the applied anchor's un-synced progress starts at (a part counts by the steps
+        # since); None after restoring a checkpoint that did not record it: the next job counts 1
+        self._anchor_step: int | None = 0
         self._records = SyncRecords(membership, self.fingerprint, cfg, clock)
         name = f"{membership.cfg.swarm_id}.sync.{self.fingerprint}"
         self._service = SyncService(
@@ -145,7 +154,9 @@ class OuterSync:
         self._leaving = threading.Event()
         self._schedule = Schedule(cfg.sync_every, cfg.sync_period_s, clock())
         bootstrap = peers_named_in(membership.cfg.initial_peers)
-        self._catchup = CatchUpper(self.peer_id, self._records, self._fetch_state, cfg, bootstrap, self._log, clock)
+        self._catchup = CatchUpper(
+            self.peer_id, self._records, self._fetch_state, cfg, bootstrap, self._log, clock, self._prober.check
+        )
         self._group: tuple[int, tuple[str, ...]] = (-1, ())
         self._records.publish_state(self._snap.revision, self._snap.state_hash)
         self._log(logging.INFO, "outer sync ready: fingerprint %s, %d parameters", self.fingerprint, anchor.numel())
@@ -163,7 +174,13 @@ class OuterSync:
     def state_dict(self) -> dict[str, Any]:
         """The outer state to checkpoint: revision, anchor and momentum (CPU copies) of the applied state."""
         snap = self._applied
-        return {"revision": snap.revision, "anchor": snap.anchor.cpu().clone(), "momentum": snap.momentum.cpu().clone()}
+        return {
+            "revision": snap.revision,
+            "anchor": snap.anchor.cpu().clone(),
+            "momentum": snap.momentum.cpu().clone(),
+            "trust": self._catchup.state_dict(),  # a restart keeps its partners: see swarm.sync.catchup, "Forks"
+            "anchor_step": self._anchor_step,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (the module's weights are left as they are) and announce it."""
@@ -176,6 +193,17 @@ class OuterSync:
             )
         revision = int(state["revision"])
         self._snap = self._applied = Snapshot(revision, state_hash(anchor, momentum), anchor, momentum)
+        step = state.get("anchor_step")
+        self._anchor_step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        trust = state.get("trust")
+        if isinstance(trust, dict):
+            self._catchup.load_state_dict(trust)
+        # a record this peer signed before the restart may name a later state: it committed that
+        # one after its last checkpoint, and must rejoin it rather than extend this one again
+        own = self._records.read_states().get(self.peer_id)
+        if own is not None and own.revision > revision:
+            self._log(logging.INFO, "own record says rev=%d %s: catching up to it", own.revision, own.state_hash[:8])
+            self._catchup.own_claim = (own.revision, own.state_hash)
         self._records.publish_state(revision, self._snap.state_hash)
 
     def _log(self, level: int, msg: str, *args: Any) -> None:
@@ -187,17 +215,25 @@ class OuterSync:
         if not self._schedule.due(inner_step, now):
             return None
         self._schedule.begun(now)
-        return self.sync_now()
+        return self.sync_now(inner_step)
 
-    def sync_now(self) -> SyncReport:
+    def sync_now(self, inner_step: int | None = None) -> SyncReport:
         """Catch up if needed, run one round and apply its outcome; never raises SyncAborted (see the report)."""
-        outcome = self.run(self.prepare())
+        outcome = self.run(self.prepare(inner_step))
         self.apply(outcome)
         return outcome.report
 
-    def prepare(self) -> SyncJob:
-        """The next round's job: the applied anchor and the weights now (call on the thread that trains)."""
-        return SyncJob(self._applied, flatten(self.module))
+    @property
+    def anchor_step(self) -> int | None:
+        """The inner step the applied anchor's un-synced progress starts at (None: not known)."""
+        return self._anchor_step
+
+    def prepare(self, inner_step: int | None = None) -> SyncJob:
+        """The next round's job: the applied anchor, the weights now and the inner steps trained since the
+        anchor, counted from ``inner_step`` (call on the thread that trains; without it the part counts 1)."""
+        since = self._anchor_step
+        steps = 1 if inner_step is None or since is None else inner_step - since
+        return SyncJob(self._applied, flatten(self.module), steps, inner_step)
 
     def apply(self, outcome: RoundOutcome) -> None:
         """Put a round's outcome into the weights, keeping every inner step (call on the thread that trains).
@@ -212,6 +248,8 @@ class OuterSync:
             return
         load_flat(self.module, weights_after(outcome, flatten(self.module)))
         self._applied = new
+        if outcome.report.committed:  # the job's steps are in the average; those trained since are not
+            self._anchor_step = outcome.job.step
 
     def run(self, job: SyncJob) -> RoundOutcome:
         """Catch up if needed, then run one round of ``job`` (the module is not touched: see :meth:`apply`).
@@ -228,19 +266,26 @@ class OuterSync:
         try:
             caught_up = self._maybe_catch_up()
         except SyncAborted as e:
+            if isinstance(e, StateDownloadFailed) and e.retry:
+                # the target may be real (its donors frozen, or moved on meanwhile): syncing at this
+                # state now could extend it a second time and fork the history; retry next round
+                self._log(logging.WARNING, "catch-up failed (%s); retrying next round", e.reason)
+                return RoundOutcome(self._report(t0, e.cause, 0, 0), job, None)
             # Safe to go on: join keys carry (revision, state hash), so this peer can only
             # meet peers with exactly its history. A peer claiming a revision it cannot serve
-            # must not stop everyone else from syncing.
+            # must not stop everyone else from syncing (after RETRIES rounds it is passed over).
             self._log(logging.WARNING, "catch-up failed (%s); syncing at the current state", e.reason)
             caught_up = False
         self._prober.reset(self._snap.revision)
+        parent = self._snap.state_hash
         try:
-            report = self._round(t0, job.pseudo, caught_up)
+            report = self._round(t0, job.pseudo, caught_up, job.weight)
         except SyncAborted as e:
             self._log(logging.WARNING, "round aborted: %s", e.reason)
             report = self._report(t0, e.cause, 0, 0, caught_up)
         finally:
             self._prober.done()  # from now on parts naming any unregistered group are refused at once
+        report.parent = parent
         return RoundOutcome(report, job, None if self._snap is start else self._snap)
 
     def _report(
@@ -288,7 +333,7 @@ class OuterSync:
         return True
 
     def _install(self, snap: Snapshot, caught_up: bool = False) -> None:
-        if not caught_up and snap.revision == self._group[0] + 1:
+        if not caught_up and snap.revision > self._group[0] >= 0:
             # a commit of the round just planned: its members are now partners this peer can check,
             # and its step is a scale for the next revisions others report (a contested catch-up)
             self._catchup.add_partners(self._group[1])
@@ -298,11 +343,11 @@ class OuterSync:
 
     # ---- one round ----------------------------------------------------------------------------
 
-    def _round(self, t0: float, pseudo: torch.Tensor, caught_up: bool) -> SyncReport:
+    def _round(self, t0: float, pseudo: torch.Tensor, caught_up: bool, weight: int) -> SyncReport:
         snap = self._snap
-        # weight 0: nothing trained since the anchor, a zero part would only dilute the mean. A peer
+        # weight: the inner steps since the anchor, 0 if nothing was trained (SyncJob.weight). A peer
         # that just caught up contributes the progress it keeps (apply() re-applies it on the new anchor).
-        weight = 1 if bool(torch.count_nonzero(pseudo)) else 0
+        self._records.skip = self._catchup.skip(snap)
         decision = self._records.matchmake(snap.revision, snap.state_hash, self._prober, self._leaving.is_set)
         if decision.status != "ready":
             self._log(logging.INFO, "%s (window %.2f)", decision.status, decision.window_start)
@@ -325,8 +370,11 @@ class OuterSync:
         if self._hook is not None:
             self._hook("allreduced", snap.revision)
         # checked BEFORE voting, so a bad average makes this member vote abort and nobody applies it
-        new, step_problem = self._outer_step(snap, got)
+        new, step_problem = self._outer_step(snap, got, plan.skip)
         refusal = got.refusal or step_problem
+        if refusal is None and self._superseded(snap, deadline):
+            self._records.vote(plan, ABORT_DIGEST)
+            return self._suspect_report(t0, plan, AbortCause.SUPERSEDED, got, caught_up)
         self._records.vote(plan, ABORT_DIGEST if refusal is not None else got.digest)
         if self._hook is not None:
             self._hook("voted", snap.revision)
@@ -342,6 +390,23 @@ class OuterSync:
         report = self._suspect_report(t0, plan, None, got, caught_up)
         report.allreduce_s = allreduce_s
         return report
+
+    def _superseded(self, snap: Snapshot, deadline: float) -> bool:
+        """Whether a trusted peer now reports a later state than this round's parent (checked before voting).
+
+        Such a state comes from another group that extended the same parent while
+        this one gathered and reduced (this group's own members publish only after
+        every vote): committing too would fork the history. Voting abort instead,
+        every member of this group moves to that state at its next catch-up. Only
+        with time to spare before the vote deadline (a DHT read takes up to d).
+        """
+        if self._clock() + self.cfg.dht_timeout_s >= deadline:
+            return False
+        target = self._catchup.decide(snap, ping=False).target
+        if target is None or target.revision <= snap.revision:
+            return False
+        self._log(logging.WARNING, "superseded by rev=%d %s: voting abort", target.revision, target.state_hash[:8])
+        return True
 
     def _suspect_report(
         self, t0: float, plan: RoundPlan, cause: AbortCause | None, got: _Assembled, caught_up: bool
@@ -374,6 +439,8 @@ class OuterSync:
             cfg.trim_fraction,
             decision.window_start + cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s,
             cfg.clip_factor,
+            cfg.max_weight_ratio,
+            decision.skip,
         )
         self._group = (plan.revision, plan.members)  # trusted as partners if this round commits
         short = [m[-6:] for m in plan.members]
@@ -408,7 +475,7 @@ class OuterSync:
         own = pseudo if weight else None
         return _Assembled(torch.cat(pieces), h.hexdigest(), result.bytes_sent, own, suspects, refusal)
 
-    def _outer_step(self, snap: Snapshot, got: _Assembled) -> tuple[Snapshot, Suspicion | None]:
+    def _outer_step(self, snap: Snapshot, got: _Assembled, skip: int = 0) -> tuple[Snapshot, Suspicion | None]:
         """The state after applying ``got.average`` (not installed here), and why not to apply it, if so."""
         cfg = self.cfg
         mu = cfg.outer_momentum
@@ -420,7 +487,7 @@ class OuterSync:
         problem = check_step(snap.anchor, anchor, momentum, bound, cfg.max_update * norm(snap.anchor))
         if problem is not None:
             self._log(logging.WARNING, "outer step refused (%s): bound %s", problem.value, bound)
-        return Snapshot(snap.revision + 1, state_hash(anchor, momentum), anchor, momentum), problem
+        return Snapshot(snap.revision + 1 + skip, state_hash(anchor, momentum), anchor, momentum), problem
 
     def cancel(self) -> None:
         """Leaving: a round not yet in a group ends at its next step (nobody depends on it); one in a group runs on.

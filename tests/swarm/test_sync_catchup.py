@@ -14,8 +14,14 @@ import torch
 from protocol import SigningKey
 from swarm.sync import OuterSyncConfig
 from swarm.sync.allreduce import Snapshot
-from swarm.sync.catchup import CatchUpper
-from swarm.sync.decide import CatchUpRefusal, check_downloaded_state, decide_catch_up, peers_named_in
+from swarm.sync.catchup import RETRIES, CatchUpper
+from swarm.sync.decide import (
+    MAX_CONTESTED_AHEAD,
+    CatchUpRefusal,
+    check_downloaded_state,
+    decide_catch_up,
+    peers_named_in,
+)
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.records import StateRecord
@@ -163,8 +169,29 @@ def test_the_next_revision_is_followed_on_one_trusted_voucher_though_lagging_par
     assert decision.target is not None and (decision.target.revision, decision.target.contested) == (4, True)
     uncontested = decide_catch_up({"b": _state("b", 4, H1)}, 3, H0, "a", trusted={"b"})
     assert uncontested.target is not None and not uncontested.target.contested
-    jump = decide_catch_up({"b": _state("b", 5, H1), "c": _state("c", 3, H0)}, 3, H0, "a", trusted={"b", "c"})
-    assert jump.target is None and jump.refused == {"b": CatchUpRefusal.OUTVOTED}  # two ahead: a majority
+    # a few revisions ahead is contested too (a restarted node behind its group); a far one needs a majority
+    near = decide_catch_up({"b": _state("b", 5, H1), "c": _state("c", 3, H0)}, 3, H0, "a", trusted={"b", "c"})
+    assert near.target is not None and near.target.contested
+    ahead = 3 + MAX_CONTESTED_AHEAD + 1
+    far = decide_catch_up({"b": _state("b", ahead, H1), "c": _state("c", 3, H0)}, 3, H0, "a", trusted={"b", "c"})
+    assert far.target is None and far.refused == {"b": CatchUpRefusal.OUTVOTED}
+
+
+def test_trusted_peers_at_our_state_count_against_a_claim_only_while_they_answer() -> None:
+    """A dead partner's record outlives it (record_ttl_s): it must not hold this peer on a state its group left."""
+    ahead = 3 + MAX_CONTESTED_AHEAD + 1
+    states = {"b": _state("b", ahead, H1), "c": _state("c", 3, H0)}
+    assert decide_catch_up(states, 3, H0, "a", trusted={"b", "c"}, stay_alive={"c"}).target is None
+    gone = decide_catch_up(states, 3, H0, "a", trusted={"b", "c"}, stay_alive=set())
+    assert gone.target is not None and (gone.target.revision, gone.target.contested) == (ahead, False)
+
+
+def test_a_target_that_failed_is_passed_over_for_the_next_best() -> None:
+    states = {"b": _state("b", 5, H1), "c": _state("c", 5, H1), "d": _state("d", 4, HX)}
+    first = decide_catch_up(states, 3, H0, "a", trusted={"b", "c", "d"})
+    assert first.target is not None and first.target.revision == 5
+    second = decide_catch_up(states, 3, H0, "a", trusted={"b", "c", "d"}, ignored={(5, H1)})
+    assert second.target is not None and (second.target.revision, second.target.state_hash) == (4, HX)
 
 
 class _Records:
@@ -208,3 +235,106 @@ def test_a_contested_next_state_must_move_no_more_than_this_peers_own_steps_allo
     got, refusals = _contested_catch_up(liar, [0.05, 0.07])
     assert got is None and refusals == {CatchUpRefusal.CONTESTED_STEP: 1}
     assert _contested_catch_up(honest, [])[0] is None  # no step of its own to compare with: stays
+
+
+# ---- forks: a target that fails, and trust that survives a restart ---------------------------------
+
+
+def _upper(states: dict[str, StateRecord], fetch: object, trusted: frozenset[str]) -> CatchUpper:
+    return CatchUpper("a", cast(SyncRecords, _Records(states)), fetch, OuterSyncConfig(), trusted, _quiet)  # type: ignore[arg-type]
+
+
+def _unreachable(*_: object) -> Snapshot:
+    raise ConnectionError("no route")
+
+
+def test_a_target_no_donor_serves_is_retried_before_this_peer_syncs_at_its_own_state() -> None:
+    """Syncing at once at its own state while the target is real (its donor frozen) would fork the history."""
+    own = torch.ones(10)
+    snap = Snapshot(3, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
+    upper = _upper({"b": _state("b", 4, H1)}, _unreachable, frozenset({"b"}))
+    for expected_retry in [True] * (RETRIES - 1) + [False]:
+        with pytest.raises(StateDownloadFailed) as err:
+            upper.catch_up(snap, lambda: False)
+        assert err.value.retry is expected_retry
+    assert upper.ignored() == {(4, H1)}
+    assert upper.catch_up(snap, lambda: False) is None  # passed over from now on: sync at its own state
+
+
+def test_an_implausible_target_is_passed_over_at_once() -> None:
+    own = torch.ones(10)
+    snap = Snapshot(3, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
+    far = Snapshot(4, state_hash(100 * own, torch.zeros(10)), 100 * own, torch.zeros(10))
+    upper = _upper({"b": _state("b", 4, far.state_hash)}, lambda *_: far, frozenset({"b"}))
+    with pytest.raises(StateDownloadFailed) as err:
+        upper.catch_up(snap, lambda: False)
+    assert not err.value.retry and upper.refusals == {CatchUpRefusal.TOO_FAR: 1}
+    assert upper.catch_up(snap, lambda: False) is None
+
+
+def test_a_node_far_behind_accepts_a_shift_that_grows_with_the_revisions_it_missed() -> None:
+    """A node restarted from an old checkpoint: its group trained on (a 30-minute chaos run refused 40 behind)."""
+    own = torch.ones(100)
+    moved = own + 1.5  # 1.5x the anchor's norm away: too far for one revision, plausible for 40
+    snap = Snapshot(3, state_hash(own, torch.zeros(100)), own, torch.zeros(100))
+    for ahead, ok in ((1, False), (40, True)):
+        got = Snapshot(3 + ahead, state_hash(moved, torch.zeros(100)), moved, torch.zeros(100))
+        upper = _upper({"b": _state("b", got.revision, got.state_hash)}, lambda *_, g=got: g, frozenset({"b"}))
+        if ok:
+            assert upper.catch_up(snap, lambda: False) is got
+        else:
+            with pytest.raises(StateDownloadFailed):
+                upper.catch_up(snap, lambda: False)
+
+
+def test_partners_and_own_steps_survive_a_checkpoint() -> None:
+    upper = _upper({}, _unreachable, frozenset())
+    upper.add_partners(["p1", "p2", "a"])
+    upper.note_step(0.25)
+    state = upper.state_dict()
+    restored = _upper({}, _unreachable, frozenset())
+    restored.load_state_dict({**state, "partners": [*state["partners"], 7], "steps": [*state["steps"], "x"]})
+    assert restored.trusted() == {"p1", "p2"} and restored.state_dict() == state
+    # a contested catch-up right after a restart has the steps it needs (no steps: it would refuse)
+    own = torch.ones(1000)
+    near = own + 0.002
+    snap = Snapshot(3, state_hash(own, torch.zeros(1000)), own, torch.zeros(1000))
+    got = Snapshot(4, state_hash(near, torch.zeros(1000)), near, torch.zeros(1000))
+    states = {"p1": _state("p1", 4, got.state_hash), "p2": _state("p2", 3, snap.state_hash)}
+    resumed = _upper(states, lambda *_: got, frozenset())
+    resumed.load_state_dict(state)
+    assert resumed.catch_up(snap, lambda: False) is got
+
+
+def test_a_node_restored_behind_its_own_published_state_rejoins_it() -> None:
+    """Committed rev 5, crashed before the next checkpoint, restored at 3: extending 3 again would fork."""
+    states = {"b": _state("b", 5, H1), "c": _state("c", 3, H0), "d": _state("d", 3, H0)}
+    assert decide_catch_up(states, 3, H0, "a", trusted={"c", "d"}).target is None  # b is no partner of the old a
+    back = decide_catch_up(states, 3, H0, "a", trusted={"c", "d"}, own_claim=(5, H1))
+    assert back.target is not None and (back.target.revision, back.target.state_hash, back.target.donors) == (
+        5,
+        H1,
+        ("b",),
+    )
+    # a claim at or behind where it is now, or one already passed over, is history
+    assert decide_catch_up(states, 5, H1, "a", trusted=set(), own_claim=(5, H1)).target is None
+    assert decide_catch_up(states, 3, H0, "a", trusted={"c"}, own_claim=(5, H1), ignored={(5, H1)}).target is None
+
+
+def test_a_group_skips_past_a_dead_branch_so_a_revision_names_one_state() -> None:
+    """Others committed revision 4 from this state and nobody can serve it: this peer's next commit is 5."""
+    own = torch.ones(10)
+    snap = Snapshot(3, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
+    upper = _upper({"b": _state("b", 4, H1)}, _unreachable, frozenset({"b"}))
+    assert upper.skip(snap) == 0
+    for _ in range(RETRIES):
+        with pytest.raises(StateDownloadFailed):
+            upper.catch_up(snap, lambda: False)
+    assert upper.skip(snap) == 1
+    assert upper.skip(Snapshot(4, snap.state_hash, own, torch.zeros(10))) == 0  # history moved past it
+    # a target refused as implausible is no evidence of a commit: no skip for it
+    far = Snapshot(4, state_hash(100 * own, torch.zeros(10)), 100 * own, torch.zeros(10))
+    liar = _upper({"b": _state("b", 4, far.state_hash)}, lambda *_: far, frozenset({"b"}))
+    with pytest.raises(StateDownloadFailed):
+        liar.catch_up(snap, lambda: False)
+    assert liar.skip(snap) == 0

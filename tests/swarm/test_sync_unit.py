@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
 import torch
 
 from protocol import SigningKey
+from protocol.errors import MessageRejected
 from protocol.signing import seal
 from swarm.fingerprint import model_fingerprint
 from swarm.sync import (
@@ -21,10 +23,19 @@ from swarm.sync import (
     decide_commit,
     decide_group,
 )
-from swarm.sync.decide import earliest_open_window, group_id, live_records, missing_votes
+from swarm.sync.decide import (
+    earliest_open_window,
+    expected_members,
+    group_id,
+    live_records,
+    missing_votes,
+    should_close,
+    window_sealed,
+)
 from swarm.sync.errors import BadBytes
 from swarm.sync.records import (
     JOIN_KIND,
+    MAX_SKIP,
     STATE_KIND,
     VOTE_KIND,
     JoinRecord,
@@ -274,7 +285,7 @@ def test_config_bound_and_report_metrics() -> None:
     cfg = OuterSyncConfig(
         matchmaking_timeout_s=1, allreduce_timeout_s=2, commit_timeout_s=3, state_timeout_s=4, dht_timeout_s=1
     )
-    assert cfg.max_sync_seconds() == 1 + 2 + max(3, 1) + 4 + 6 * 1 + 1.0
+    assert cfg.max_sync_seconds() == 1 + 2 + max(3, 1) + 4 + cfg.ping_timeout_s + 6 * 1 + 1.0
     line = SyncReport(1.0, "p", 3, H0, True, 2, SyncOutcome.COMMITTED, 0.5, 10).to_metrics()
     assert line["event"] == "sync"
     keys = {"time", "peer", "revision", "state_hash", "committed", "group_size", "reason", "cause", "sync_s"}
@@ -362,3 +373,116 @@ def test_prober_keeps_every_joiner_seen_expected_until_the_group_is_decided() ->
     prober.reset(4)
     prober.see(["d"])
     assert service.expected == {"d"}
+
+
+# ---- early close of the gather window ------------------------------------------------------------
+
+
+def _closed(peer: str, window: float) -> JoinRecord:
+    return JoinRecord(peer, FP, 0, H0, window, window + 0.5, True)
+
+
+def _members_of(records: dict[str, JoinRecord], now: float, me: str) -> tuple[str, ...]:
+    decision = decide_group(records, now, CFG, me)
+    assert decision.status == "ready", decision
+    return decision.members
+
+
+def test_expected_members_are_last_rounds_joiners() -> None:
+    # the slow peer sealed out of last round's window is expected: it is not sealed out again
+    assert expected_members(["me", "a", "slow"], "me") == {"a", "slow"}
+    assert expected_members([], "me") == frozenset()  # first round: no early close
+
+
+def test_close_only_once_every_expected_peer_joined_my_window() -> None:
+    recs = {"a": _join("a", 10.0), "b": _join("b", 10.0), "c": _join("c", 11.0)}
+    assert should_close(recs, "a", {"b"})
+    assert not should_close(recs, "a", {"b", "c"})  # c is in another window
+    assert not should_close(recs, "a", {"b", "ghost"})  # an expected key that never joins: no early close
+    assert not should_close(recs, "a", set())
+    assert not should_close({**recs, "a": _closed("a", 10.0)}, "a", {"b"})  # already closed
+    assert not should_close(recs, "me", {"a"})  # not joined at all
+
+
+def test_sealed_window_is_decided_early_with_the_same_group_as_at_its_end() -> None:
+    recs = {p: _closed(p, 10.0) for p in "abc"}
+    assert window_sealed(recs, 10.0)
+    early = [decide_group(recs, 10.6, CFG, me) for me in "abc"]
+    late = decide_group(recs, 14.0, CFG, "a")
+    assert {d.status for d in early} == {"ready"}
+    assert {d.group_id for d in early} == {late.group_id}
+
+
+def test_one_open_record_keeps_the_window_running_to_its_end() -> None:
+    # a late joiner (or a key that joins and never closes) only cancels the early close
+    recs = {"a": _closed("a", 10.0), "b": _closed("b", 10.0), "late": _join("late", 10.0)}
+    assert not window_sealed(recs, 10.0)
+    assert decide_group(recs, 13.9, CFG, "a").status == "gather"
+    assert _members_of(recs, 14.0, "a") == ("a", "b", "late")
+    assert earliest_open_window(recs, 12.0, 4.0) == 10.0  # still open to joiners
+
+
+def test_a_sealed_window_takes_no_joiner_and_closed_ghosts_turn_nobody_away() -> None:
+    sealed = {"a": _closed("a", 10.0), "b": _closed("b", 10.0)}
+    assert earliest_open_window(sealed, 11.0, 4.0) is None  # the arrival opens its own window
+    assert earliest_open_window({**sealed, "c": _join("c", 10.5)}, 11.0, 4.0) == 10.5
+    # a closed record of a key no one expects cannot seal a window an open member is in
+    ghosted = {"a": _join("a", 10.0), "ghost": _closed("ghost", 10.0)}
+    assert earliest_open_window(ghosted, 11.0, 4.0) == 10.0
+    assert decide_group(ghosted, 11.0, CFG, "a").status == "gather"
+    # and once the real members closed, the ghost is dropped by the liveness filter like any silent joiner
+    ghosted["a"], ghosted["b"] = _closed("a", 10.0), _closed("b", 10.0)
+    live = live_records(ghosted, {"b"}, "a")
+    assert _members_of(live, 11.0, "a") == _members_of(sealed, 11.0, "a") == ("a", "b")
+
+
+def test_race_late_joiner_after_a_close_ends_in_at_most_an_aborted_round() -> None:
+    """a and b expect each other and close; ``late`` lands after a's sealing read but before b's."""
+    a_view = {"a": _closed("a", 10.0), "b": _closed("b", 10.0)}
+    b_view = {**a_view, "late": _join("late", 10.0)}
+    a_decision = decide_group(a_view, 10.7, CFG, "a")
+    assert a_decision.status == "ready" and a_decision.members == ("a", "b")
+    # b sees the open record: it keeps gathering, and at the end forms another group
+    assert decide_group(b_view, 10.7, CFG, "b").status == "gather"
+    b_decision, late_decision = decide_group(b_view, 14.0, CFG, "b"), decide_group(b_view, 14.0, CFG, "late")
+    assert b_decision.group_id == late_decision.group_id != a_decision.group_id
+    # every member of a's group must run a's group id for it to commit: b does not, so neither group
+    # gets all its members' parts (the all-reduce fails, the round aborts) -- never two committing groups
+    assert "b" in a_decision.members and b_decision.group_id != a_decision.group_id
+    # the common case: late's record is seen before anyone's sealing read, so nobody decides early
+    assert decide_group(b_view, 10.7, CFG, "a").status == "gather"
+
+
+def test_race_every_view_order_gives_one_group_or_different_ids() -> None:
+    """Whatever subset of the window's records each member saw, equal group ids mean equal members."""
+    full = {"a": _closed("a", 10.0), "b": _closed("b", 10.0), "c": _join("c", 10.0), "d": _closed("d", 10.0)}
+    decisions = []
+    for n in range(1, len(full) + 1):
+        for subset in itertools.combinations(sorted(full), n):
+            view = {p: full[p] for p in subset}
+            for me in subset:
+                for now in (10.7, 14.0):
+                    d = decide_group(view, now, CFG, me)
+                    if d.status == "ready":
+                        decisions.append(d)
+                        if now < 14.0:
+                            assert "c" not in d.members  # an open record never lets a window close early
+    by_id: dict[str, tuple[str, ...]] = {}
+    for d in decisions:
+        assert by_id.setdefault(d.group_id, d.members) == d.members
+
+
+def test_the_group_commits_at_the_largest_skip_its_members_ask_and_its_id_says_so() -> None:
+    recs = {"a": _join("a", 10.0), "b": replace(_join("b", 10.0), skip=2)}
+    decision = decide_group(recs, 15.0, CFG, "a")
+    plain = decide_group({"a": _join("a", 10.0), "b": _join("b", 10.0)}, 15.0, CFG, "a")
+    assert (decision.status, decision.skip, plain.skip) == ("ready", 2, 0)
+    assert decision.group_id != plain.group_id  # a member seeing another skip is in another group
+
+
+def test_a_join_record_asking_too_large_a_skip_is_malformed() -> None:
+    alice = SigningKey.generate()
+    ok = JoinRecord(alice.peer_id, FP, 1, H0, 5.0, 5.0, False, MAX_SKIP)
+    assert JoinRecord.from_wire(ok.to_wire()) == ok
+    with pytest.raises(MessageRejected, match="skip"):
+        JoinRecord.from_wire({**ok.to_wire(), "skip": MAX_SKIP + 1})
