@@ -163,7 +163,7 @@ class OuterSync:
 
     @property
     def revision(self) -> int:
-        """Committed outer rounds in this peer's history (advances by exactly 1 per commit)."""
+        """The name of the committed state: +1 per commit (more only past a dead branch: see JoinRecord.skip)."""
         return self._snap.revision
 
     @property
