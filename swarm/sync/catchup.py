@@ -198,6 +198,10 @@ class CatchUpper:
                 self._log(logging.WARNING, "state download from %s failed: %s", donor[-6:], e)
                 continue
             refusal = self._judge(snap, got, target)
+            if refusal is CatchUpRefusal.OFF_TARGET and self._moved_on(donor, got, target):
+                # a trusted donor committed again since its record: its state now is as good as its word
+                target = CatchUp(got.revision, got.state_hash, (donor,), target.contested)
+                refusal = self._judge(snap, got, target)
             if refusal is CatchUpRefusal.OFF_TARGET:
                 self._refused(donor, refusal)
                 continue
@@ -210,6 +214,15 @@ class CatchUpper:
         self._fail(target, refused=False)
         retry = (target.revision, target.state_hash) not in self.ignored()
         raise StateDownloadFailed("no donor served the target state", retry=retry)
+
+    def _moved_on(self, donor: str, got: Snapshot, target: CatchUp) -> bool:
+        """Whether ``got`` is a trusted donor's later state than the target it was asked for.
+
+        A fast group commits several times a second (early close, short rounds), so
+        by the time a download starts its donors have moved on and the exact target
+        is gone; an untrusted donor must still serve exactly the target.
+        """
+        return donor in self.trusted() and got.revision > target.revision
 
     def _refused(self, peer: str, reason: CatchUpRefusal) -> None:
         """Count a refused claim or state; WARNING once per (peer, reason), DEBUG after."""

@@ -277,8 +277,8 @@ def decide_catch_up(
     to join through: SECURITY.md, "Outer sync") vouch for a state; any number
     of other keys claiming any revision count for nothing, so a key minted for
     the purpose cannot move this peer. A state ahead of this peer's revision is
-    followed if more trusted peers report it than report this peer's own
-    state; at the same revision another hash needs more than that plus this
+    followed if more trusted peers report it, or report any state ahead, than
+    report this peer's own state; at the same revision another hash needs more than that plus this
     peer itself (ties: the smaller hash). Among followable states the most
     vouched wins, then the *lowest* revision: a peer never jumps further than
     its trusted peers agree. Donors are every other peer reporting exactly
@@ -314,7 +314,14 @@ def decide_catch_up(
     led = {(r.revision, r.state_hash) for p, r in others.items() if p in leaders and r.revision == my_revision}
     if own_claim is not None and own_claim[0] > my_revision and own_claim not in ignored:
         vouchers[own_claim] = vouchers.get(own_claim, 0) + 1
-    followable = [s for s, n in vouchers.items() if _beats(s, n, mine, stay) or (s in led and stay == 0)]
+    # trusted peers ahead agree this peer is behind even when a fast group's records name different
+    # revisions (one voucher each): together they outvote those still at this peer's state
+    ahead = sum(n for s, n in vouchers.items() if s[0] > my_revision)
+    followable = [
+        s
+        for s, n in vouchers.items()
+        if _beats(s, n, mine, stay) or (s in led and stay == 0) or (s[0] > my_revision and ahead > stay)
+    ]
     followable += [own_claim] if own_claim in vouchers and own_claim not in followable else []
     best = min(followable, key=lambda s: (-vouchers[s], s), default=None)
     refused = {
@@ -328,7 +335,7 @@ def decide_catch_up(
         (p for p, r in others.items() if (r.revision, r.state_hash) == best),
         key=lambda p: (-others[p].created, p),
     )
-    contested = vouchers[best] <= stay and best[0] > my_revision
+    contested = ahead <= stay and best[0] > my_revision
     return CatchUpDecision(CatchUp(best[0], best[1], tuple(donors), contested), refused)
 
 

@@ -338,3 +338,27 @@ def test_a_group_skips_past_a_dead_branch_so_a_revision_names_one_state() -> Non
     with pytest.raises(StateDownloadFailed):
         liar.catch_up(snap, lambda: False)
     assert liar.skip(snap) == 0
+
+
+def test_trusted_peers_ahead_outvote_one_at_our_state_though_each_names_another_revision() -> None:
+    """A fast group's records name 28, 29, 30 (one each); a stale partner of this peer is at its state, 18."""
+    states = {p: _state(p, r, h) for p, r, h in (("b", 28, H1), ("c", 29, HX), ("d", 30, H0))}
+    states["e"] = _state("e", 18, H0)
+    decision = decide_catch_up(states, 18, H0, "a", trusted={"b", "c", "d", "e"})
+    assert decision.target is not None and (decision.target.revision, decision.target.contested) == (28, False)
+    # one trusted peer far ahead against one at our state is still a liar's claim until more agree
+    lone = decide_catch_up({"b": states["b"], "e": states["e"]}, 18, H0, "a", trusted={"b", "e"})
+    assert lone.target is None
+
+
+def test_a_trusted_donor_that_moved_on_serves_its_later_state_and_an_untrusted_one_does_not() -> None:
+    own = torch.ones(10)
+    snap = Snapshot(3, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
+    later = Snapshot(5, state_hash(own + 0.01, torch.zeros(10)), own + 0.01, torch.zeros(10))
+    states = {"b": _state("b", 4, H1)}
+    assert _upper(states, lambda *_: later, frozenset({"b"})).catch_up(snap, lambda: False) is later
+    stranger = _upper({**states, "x": _state("x", 4, H1)}, lambda d, *_: later, frozenset({"b"}))
+    stranger._fetch = lambda d, *_: later if d == "x" else _unreachable()  # only the untrusted copy answers
+    with pytest.raises(StateDownloadFailed):
+        stranger.catch_up(snap, lambda: False)
+    assert stranger.refusals == {CatchUpRefusal.OFF_TARGET: 1}
