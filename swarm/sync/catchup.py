@@ -215,6 +215,37 @@ class CatchUpper:
         retry = (target.revision, target.state_hash) not in self.ignored()
         raise StateDownloadFailed("no donor served the target state", retry=retry)
 
+    def orphaned(self, snap: Snapshot) -> bool:
+        """Whether every peer this one trusts is gone while a live stranger reports a later state.
+
+        Such a node (its whole group died while it was down) would otherwise sync
+        with whoever shares its stale state and start a second history beside the
+        live one (chaos runs). It cannot follow strangers (the trust rule), so it
+        pauses its sync instead: it trains on, and a restart with a live
+        ``--peer`` (or a trusted peer coming back) rejoins it. Keys minted to
+        claim later states cannot cause this: it needs every trusted peer gone.
+        A node that trusts no one yet (the first node of a swarm) is no orphan.
+        Costs one ping round (bounded by ``ping_timeout_s``), only when strangers are ahead.
+        """
+        trusted = self.trusted()
+        if not trusted or self._alive is None:
+            return False
+        states = self._records.states
+        ahead = sorted((p for p, r in states.items() if p not in trusted and r.revision > snap.revision))[:16]
+        if not ahead:
+            return False
+        friends = sorted(p for p in trusted if p in states)[:64]
+        answered = self._alive([*friends, *ahead], self._cfg.ping_timeout_s)
+        if answered & set(friends) or not answered & set(ahead):
+            return False
+        self._log(
+            logging.WARNING,
+            "no peer this node trusts answers while %d others report later states: pausing the sync "
+            "(restart with --peer <a live peer> to rejoin their history)",
+            len(answered & set(ahead)),
+        )
+        return True
+
     def _moved_on(self, donor: str, got: Snapshot, target: CatchUp) -> bool:
         """Whether ``got`` is a trusted donor's later state than the target it was asked for.
 

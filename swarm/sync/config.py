@@ -40,6 +40,9 @@ class AbortCause(StrEnum):
     MEMBER_LOST = "member lost before voting"
     SHUTTING_DOWN = "shutting down"
     CATCH_UP_FAILED = "catch-up failed"
+    ORPHANED = "orphaned"
+    """Every peer this one trusts is gone while live strangers report later states: syncing would split the
+    history (a node restarted after its whole group died; it trains on, and rejoins once given a live --peer)."""
     SUPERSEDED = "superseded"
     """A trusted peer reported a later state from this round's parent: committing would fork the history."""
 

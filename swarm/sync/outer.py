@@ -276,6 +276,8 @@ class OuterSync:
             # must not stop everyone else from syncing (after RETRIES rounds it is passed over).
             self._log(logging.WARNING, "catch-up failed (%s); syncing at the current state", e.reason)
             caught_up = False
+        if not caught_up and self._catchup.orphaned(self._snap):
+            return RoundOutcome(self._report(t0, AbortCause.ORPHANED, 0, 0), job, None)
         self._prober.reset(self._snap.revision)
         parent = self._snap.state_hash
         try:

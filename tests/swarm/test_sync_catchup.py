@@ -362,3 +362,20 @@ def test_a_trusted_donor_that_moved_on_serves_its_later_state_and_an_untrusted_o
     with pytest.raises(StateDownloadFailed):
         stranger.catch_up(snap, lambda: False)
     assert stranger.refusals == {CatchUpRefusal.OFF_TARGET: 1}
+
+
+def test_a_node_whose_every_trusted_peer_is_gone_pauses_rather_than_split_the_history() -> None:
+    """Restarted after its whole group died, it would sync with whoever shares its stale state (a chaos fork)."""
+    own = torch.ones(10)
+    snap = Snapshot(3, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
+    states = {"b": _state("b", 3, snap.state_hash), "x": _state("x", 9, H1)}
+
+    def orphaned(trusted: frozenset[str], alive: set[str]) -> bool:
+        records = cast(SyncRecords, _Records(states))
+        upper = CatchUpper("a", records, _unreachable, OuterSyncConfig(), trusted, _quiet, alive=lambda p, t: alive)
+        return upper.orphaned(snap)
+
+    assert orphaned(frozenset({"b"}), {"x"})  # its only trusted peer is gone; a live stranger is ahead
+    assert not orphaned(frozenset({"b"}), {"b", "x"})  # a trusted peer answers: the trust rule decides as usual
+    assert not orphaned(frozenset({"b"}), set())  # the stranger's record outlived it: nobody live is ahead
+    assert not orphaned(frozenset(), {"x"})  # the first node of a swarm trusts no one yet: no orphan
