@@ -59,13 +59,10 @@ before its next sync, so no one ever averages a diverged history.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -73,6 +70,7 @@ import torch
 from swarm.fingerprint import model_fingerprint
 from swarm.membership import Membership
 from swarm.sync.allreduce import Hook, RoundPlan, Snapshot, SyncService
+from swarm.sync.assemble import Assembled, assemble, next_state
 from swarm.sync.catchup import CatchUpper
 from swarm.sync.config import AbortCause, OuterSyncConfig, SyncAborted, SyncOutcome, SyncReport
 from swarm.sync.decide import CatchUpRefusal, GroupDecision, peers_named_in
@@ -81,9 +79,9 @@ from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.job import RoundOutcome, SyncJob, weights_after
 from swarm.sync.liveness import Prober
 from swarm.sync.records import ABORT_DIGEST
-from swarm.sync.robust import Suspicion, check_slice, check_step, max_step, norm
+from swarm.sync.robust import Suspicion, norm
 from swarm.sync.schedule import Schedule
-from swarm.sync.tensors import decode, flatten, load_flat, outer_step, state_hash
+from swarm.sync.tensors import flatten, load_flat, state_hash
 
 logger = logging.getLogger(__name__)
 
@@ -91,20 +89,6 @@ BANNED_FOR = (Suspicion.REDUCED_NOT_FINITE, Suspicion.REDUCED_TOO_LARGE, Suspici
 """Suspicions that leave a member out of sync groups for ``suspect_ban_s``. A merely clipped part is
 not among them: clipping bounds it already, and an honest member near the bound may be clipped by
 one reducer only, and a ban on one side only splits the group."""
-
-
-@dataclass(frozen=True)
-class _Assembled:
-    """What this member assembled from one all-reduce, and what it caught on the way."""
-
-    average: torch.Tensor
-    digest: str
-    sent: int
-    pseudo: torch.Tensor | None
-    """This member's own contribution (None when it sent weight 0)."""
-    suspects: dict[str, Suspicion]
-    refusal: Suspicion | None
-    """Set when a reduced slice failed :func:`check_slice`: this member must vote abort."""
 
 
 class OuterSync:
@@ -411,7 +395,7 @@ class OuterSync:
         return True
 
     def _suspect_report(
-        self, t0: float, plan: RoundPlan, cause: AbortCause | None, got: _Assembled, caught_up: bool
+        self, t0: float, plan: RoundPlan, cause: AbortCause | None, got: Assembled, caught_up: bool
     ) -> SyncReport:
         report = self._report(t0, cause, len(plan.members), got.sent, caught_up, plan.group_id)
         report.suspects = {peer: why.value for peer, why in got.suspects.items()}
@@ -449,47 +433,23 @@ class OuterSync:
         self._log(logging.INFO, "group %s of %d: %s", plan.group_id[:8], len(plan.members), short)
         return plan
 
-    def _allreduce(self, plan: RoundPlan, snap: Snapshot, pseudo: torch.Tensor, weight: int) -> _Assembled:
+    def _allreduce(self, plan: RoundPlan, snap: Snapshot, pseudo: torch.Tensor, weight: int) -> Assembled:
         timeout = max(0.1, plan.deadline - self._clock()) + 2.0
         try:
             result = self._membership.run(self._service.allreduce(plan, pseudo, weight), timeout)
         except TimeoutError:
             raise SyncAborted("all-reduce timeout") from None
-        h = hashlib.sha256(f"{plan.group_id}|{plan.revision}|{plan.compression}".encode())
-        pieces = []
-        suspects: dict[str, Suspicion] = dict(result.flagged)
-        refusal: Suspicion | None = None
-        anchor, n = snap.anchor, snap.anchor.numel()
-        whole = norm(anchor)
-        for j, ((lo, hi), data) in enumerate(zip(plan.bounds(), result.slices, strict=True)):
-            h.update(hashlib.sha256(data).digest())
-            piece = decode(data, hi - lo, plan.compression)
-            # the slice's own anchor norm, or its share of the whole (a slice of zero-initialised biases)
-            floor = self.cfg.max_update * max(norm(anchor[lo:hi]), whole * math.sqrt((hi - lo) / max(n, 1)))
-            problem = check_slice(piece, pseudo[lo:hi] if weight else None, plan.clip_factor, floor)
-            if problem is not None:
-                # the reducer of slice j returned an implausible average: name it, and refuse the round
-                suspects[plan.members[j]] = problem
-                refusal = problem
-            pieces.append(piece)
-        for peer, why in suspects.items():
+        got = assemble(plan, snap, pseudo, weight, result, self.cfg.max_update)
+        for peer, why in got.suspects.items():
             self._log(logging.WARNING, "suspect %s in group %s: %s", peer, plan.group_id[:8], why.value)
-        own = pseudo if weight else None
-        return _Assembled(torch.cat(pieces), h.hexdigest(), result.bytes_sent, own, suspects, refusal)
+        return got
 
-    def _outer_step(self, snap: Snapshot, got: _Assembled, skip: int = 0) -> tuple[Snapshot, Suspicion | None]:
+    def _outer_step(self, snap: Snapshot, got: Assembled, skip: int = 0) -> tuple[Snapshot, Suspicion | None]:
         """The state after applying ``got.average`` (not installed here), and why not to apply it, if so."""
-        cfg = self.cfg
-        mu = cfg.outer_momentum
-        anchor, momentum = outer_step(snap.anchor, snap.momentum, got.average, cfg.outer_lr, mu, cfg.nesterov)
-        bound = None
-        if got.pseudo is not None:
-            own, m = norm(got.pseudo), norm(snap.momentum)
-            bound = max_step(own, m, cfg.outer_lr, mu, cfg.nesterov, cfg.clip_factor)
-        problem = check_step(snap.anchor, anchor, momentum, bound, cfg.max_update * norm(snap.anchor))
+        new, problem, bound = next_state(snap, got, self.cfg, skip)
         if problem is not None:
             self._log(logging.WARNING, "outer step refused (%s): bound %s", problem.value, bound)
-        return Snapshot(snap.revision + 1 + skip, state_hash(anchor, momentum), anchor, momentum), problem
+        return new, problem
 
     def cancel(self) -> None:
         """Leaving: a round not yet in a group ends at its next step (nobody depends on it); one in a group runs on.

@@ -71,10 +71,6 @@ class SyncRunner:
         """A sync is running on the sync thread (or has ended and waits to be applied)."""
         return self._thread is not None
 
-    @property
-    def revision(self) -> int:
-        return self.sync.revision
-
     def maybe_sync(self, inner_step: int) -> SyncReport | None:
         """Apply a finished sync, and start one if due; the finished sync's report, or a blocking one's."""
         report = self._apply_finished()

@@ -1,0 +1,76 @@
+"""What a member makes of one all-reduce: the average it assembled, and the outer step it would take.
+
+Pure functions of the round's plan, this member's state and the bytes the
+reducers returned, so the checks that decide a member's vote (every reduced
+slice, then the outer step; :mod:`swarm.sync.robust`) run without a network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from swarm.sync.allreduce import AllReduceResult, RoundPlan, Snapshot
+from swarm.sync.config import OuterSyncConfig
+from swarm.sync.robust import Suspicion, check_slice, check_step, max_step, norm
+from swarm.sync.tensors import decode, outer_step, state_hash
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """What this member assembled from one all-reduce, and what it caught on the way."""
+
+    average: torch.Tensor
+    digest: str
+    """What this member votes: sha256 over the round and every slice's exact bytes."""
+    sent: int
+    pseudo: torch.Tensor | None
+    """This member's own contribution (None when it sent weight 0)."""
+    suspects: dict[str, Suspicion]
+    refusal: Suspicion | None
+    """Set when a reduced slice failed :func:`check_slice`: this member must vote abort."""
+
+
+def assemble(
+    plan: RoundPlan, snap: Snapshot, pseudo: torch.Tensor, weight: int, result: AllReduceResult, max_update: float
+) -> Assembled:
+    """Decode every reduced slice, check each against this member's own part, and digest the exact bytes."""
+    h = hashlib.sha256(f"{plan.group_id}|{plan.revision}|{plan.compression}".encode())
+    pieces = []
+    suspects: dict[str, Suspicion] = dict(result.flagged)
+    refusal: Suspicion | None = None
+    anchor, n = snap.anchor, snap.anchor.numel()
+    whole = norm(anchor)
+    for j, ((lo, hi), data) in enumerate(zip(plan.bounds(), result.slices, strict=True)):
+        h.update(hashlib.sha256(data).digest())
+        piece = decode(data, hi - lo, plan.compression)
+        # the slice's own anchor norm, or its share of the whole (a slice of zero-initialised biases)
+        floor = max_update * max(norm(anchor[lo:hi]), whole * math.sqrt((hi - lo) / max(n, 1)))
+        problem = check_slice(piece, pseudo[lo:hi] if weight else None, plan.clip_factor, floor)
+        if problem is not None:
+            # the reducer of slice j returned an implausible average: name it, and refuse the round
+            suspects[plan.members[j]] = problem
+            refusal = problem
+        pieces.append(piece)
+    own = pseudo if weight else None
+    return Assembled(torch.cat(pieces), h.hexdigest(), result.bytes_sent, own, suspects, refusal)
+
+
+def next_state(
+    snap: Snapshot, got: Assembled, cfg: OuterSyncConfig, skip: int = 0
+) -> tuple[Snapshot, Suspicion | None, float | None]:
+    """The state after applying ``got.average`` (not installed), why not to apply it if so, and the step bound.
+
+    The new revision is ``snap.revision + 1 + skip`` (see :class:`swarm.sync.decide.GroupDecision`).
+    """
+    mu = cfg.outer_momentum
+    anchor, momentum = outer_step(snap.anchor, snap.momentum, got.average, cfg.outer_lr, mu, cfg.nesterov)
+    bound = None
+    if got.pseudo is not None:
+        own, m = norm(got.pseudo), norm(snap.momentum)
+        bound = max_step(own, m, cfg.outer_lr, mu, cfg.nesterov, cfg.clip_factor)
+    problem = check_step(snap.anchor, anchor, momentum, bound, cfg.max_update * norm(snap.anchor))
+    return Snapshot(snap.revision + 1 + skip, state_hash(anchor, momentum), anchor, momentum), problem, bound
