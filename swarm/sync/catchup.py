@@ -129,7 +129,11 @@ class CatchUpper:
     def skip(self, snap: Snapshot) -> int:
         """Revisions this peer's next commit from ``snap`` must skip: past the states others committed after it
         that nobody could serve (a dead branch), so a revision number still names one state (at most MAX_SKIP)."""
-        beyond = [r - snap.revision for r, _ in self._unserved if r > snap.revision]
+        if not any(r > snap.revision for r, _ in self._unserved):
+            return 0
+        # past every later revision anyone reports too: the dead branch may have gone on before it died
+        seen = [r.revision for r in self._records.states.values()] + [r for r, _ in self._unserved]
+        beyond = [r - snap.revision for r in seen if r > snap.revision]
         return min(max(beyond, default=0), MAX_SKIP)
 
     def trusted(self) -> frozenset[str]:
