@@ -125,7 +125,7 @@ def _be_hostile() -> None:
     import swarm.sync.allreduce as allreduce
     from swarm.sync.robust import Reduced
 
-    def lying_reduce(parts: Any, own: Any, n: int, *rest: Any) -> Reduced:
+    def lying_reduce(parts: Any, own: Any, n: int, *rest: Any, **options: Any) -> Reduced:
         return Reduced(_garbage("noise", n, n), {})
 
     allreduce.reduce_slice = lying_reduce  # type: ignore[attr-defined,assignment]
