@@ -24,6 +24,9 @@ MAX_COMPLETIONS = 64
 MAX_TEXT_CHARS = 16_384
 """Longest prompt or completion text, in characters."""
 
+MAX_NEG_LOGPROB = 1e6
+"""Most negative sequence log-probability a group may claim (a completion's text is bounded too)."""
+
 MAX_ID_CHARS = 128
 """Longest identifier: model id, task family, config digest, peer id."""
 

@@ -22,15 +22,23 @@ Scalar = str | int | float | bool
 _SCALARS = (str, int, float, bool)
 
 
-def _fields(obj: Any, what: str, spec: Mapping[str, type | tuple[type, ...]]) -> dict[str, Any]:
-    """Check that ``obj`` is a map with exactly ``spec``'s keys and types."""
+def _fields(
+    obj: Any,
+    what: str,
+    spec: Mapping[str, type | tuple[type, ...]],
+    optional: Mapping[str, type | tuple[type, ...]] | None = None,
+) -> dict[str, Any]:
+    """Check that ``obj`` is a map with exactly ``spec``'s keys (plus any of ``optional``'s) and their types."""
     if not isinstance(obj, dict):
         raise MessageRejected(f"{what}: expected a map, got {type(obj).__name__}")
+    optional = optional or {}
     keys = set(obj)
-    if keys != set(spec):
-        missing, extra = sorted(set(spec) - keys), sorted(map(str, keys - set(spec)))
+    if not set(spec) <= keys <= set(spec) | set(optional):
+        missing, extra = sorted(set(spec) - keys), sorted(map(str, keys - set(spec) - set(optional)))
         raise MessageRejected(f"{what}: missing fields {missing}, unexpected fields {extra}")
-    for name, typ in spec.items():
+    for name, typ in {**spec, **optional}.items():
+        if name not in obj:
+            continue
         value = obj[name]
         # bool is an int subclass in Python; never accept one for the other.
         bad_bool = isinstance(value, bool) and bool not in (typ if isinstance(typ, tuple) else (typ,))
@@ -118,27 +126,37 @@ class TaskRef:
 
 @dataclass(frozen=True)
 class RolloutGroup:
-    """One question with G completions from one policy, and the rewards its sender claims."""
+    """One question with G completions from one policy, and the rewards its sender claims.
+
+    ``logprobs`` (optional) is the sender's claim of each completion's sequence log-probability
+    under its own policy, scored on the text (so a receiver with another tokenizer can compare
+    its own): the behaviour probability of off-policy corrections. Like the rewards it is only a
+    claim; receivers bound what it can do (``node.training.offpolicy``).
+    """
 
     task: TaskRef
     prompt: str
     completions: tuple[str, ...]
     rewards: tuple[float, ...]
     model_id: str
+    logprobs: tuple[float, ...] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "task": self.task.to_wire(),
             "prompt": self.prompt,
             "completions": list(self.completions),
             "rewards": [float(r) for r in self.rewards],
             "model_id": self.model_id,
         }
+        if self.logprobs is not None:
+            wire["logprobs"] = [float(x) for x in self.logprobs]
+        return wire
 
     @classmethod
     def from_wire(cls, obj: Any, what: str = "group") -> RolloutGroup:
         spec = {"task": dict, "prompt": str, "completions": list, "rewards": list, "model_id": str}
-        d = _fields(obj, what, spec)
+        d = _fields(obj, what, spec, optional={"logprobs": list})
         task = TaskRef.from_wire(d["task"], f"{what}.task")
         _text(d["prompt"], f"{what}.prompt")
         _ident(d["model_id"], f"{what}.model_id")
@@ -158,7 +176,22 @@ class RolloutGroup:
         rewards = _list_of(d["rewards"], f"{what}.rewards", limits.MAX_COMPLETIONS, check_reward)
         if not comps or len(comps) != len(rewards):
             raise MessageRejected(f"{what}: need >= 1 completion and one reward per completion")
-        return cls(task, d["prompt"], tuple(comps), tuple(rewards), d["model_id"])
+        logprobs = None
+        if "logprobs" in d:
+            found = _list_of(d["logprobs"], f"{what}.logprobs", limits.MAX_COMPLETIONS, _check_logprob)
+            if len(found) != len(comps):
+                raise MessageRejected(f"{what}: need one log-probability per completion")
+            logprobs = tuple(found)
+        return cls(task, d["prompt"], tuple(comps), tuple(rewards), d["model_id"], logprobs)
+
+
+def _check_logprob(v: Any, what: str) -> float:
+    """A sequence log-probability: a finite number in [-MAX_NEG_LOGPROB, 0]."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise MessageRejected(f"{what}: log-probability must be a finite number")
+    if not -limits.MAX_NEG_LOGPROB <= v <= 0:
+        raise MessageRejected(f"{what}: log-probability must be in [-{limits.MAX_NEG_LOGPROB:g}, 0]")
+    return float(v)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from node.core.ingest import IngestConfig
 from node.core.options import NodeOptions
 from node.training.grpo import GRPOConfig
 from node.training.models import recommended_defaults
+from node.training.offpolicy import BASELINES, OffPolicyConfig
 from node.training.policy import GenerationConfig
 from swarm.exchange import ExchangeConfig
 from swarm.membership import MembershipConfig
@@ -30,6 +31,7 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
         local_groups=opts.local_groups, external_groups=opts.external_groups, num_generations=opts.generations,
         sampling=opts.sampling, log_dir=opts.log_dir, device=opts.device, max_threads=opts.max_threads,
         identity=opts.identity, overlap_network=not opts.wait_network, network_wait_s=opts.network_wait,
+        diagnose_groups=opts.diagnose_groups,
     )  # fmt: skip
     rec = recommended_defaults(opts.model)
     if opts.sync_every < 0:
@@ -69,5 +71,19 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
         sync=sync,
         checkpoint=CheckpointConfig(every=opts.checkpoint_every, resume=opts.resume),
         ingest=IngestConfig(accept_tokens=opts.accept_tokens),
+        offpolicy=offpolicy_config(opts),
     )
     return cfg, parts
+
+
+def offpolicy_config(opts: NodeOptions) -> OffPolicyConfig:
+    """The off-policy options as the trainer's config; a bad value is one sentence naming the flag."""
+    if opts.external_min_logp is not None and not opts.external_min_logp < 0:
+        raise ValueError(f"--external-min-logp {opts.external_min_logp:g}: use a negative log-probability (e.g. -5)")
+    if not 0 <= opts.external_is_cap <= 100:
+        raise ValueError(f"--external-is-cap {opts.external_is_cap:g}: use 0 (off) or a cap in (0, 100], e.g. 1")
+    if opts.external_baseline not in BASELINES:
+        raise ValueError(f"--external-baseline {opts.external_baseline}: use one of {', '.join(BASELINES)}")
+    return OffPolicyConfig(
+        min_token_logp=opts.external_min_logp, is_cap=opts.external_is_cap, baseline=opts.external_baseline
+    )

@@ -13,6 +13,7 @@ from node.core.ingest import IngestConfig
 from node.core.options import DEFAULT_IDENTITY, DEFAULT_MODEL
 from node.core.pool import SAMPLING_POLICIES
 from node.training.grpo import GRPOConfig
+from node.training.offpolicy import OffPolicyConfig
 from node.training.policy import GenerationConfig
 from swarm.exchange import ExchangeConfig
 from swarm.membership import MembershipConfig
@@ -61,6 +62,14 @@ class NodeConfig:
     device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or mps."})
     max_threads: int = field(default=0, metadata={"help": "CPU threads for torch; 0 leaves torch's default."})
     identity: str = field(default=DEFAULT_IDENTITY, metadata={"help": "Ed25519 key file; created on first run."})
+    diagnose_groups: bool = field(
+        default=False,
+        metadata={"help": "Record per round, per source, what training used: log-probs, weights, gradient shares."},
+    )
+    share_logprobs: bool = field(
+        default=True,
+        metadata={"help": "Publish each completion's sequence log-probability (one scoring pass per round)."},
+    )
 
     def __post_init__(self) -> None:
         checks = [
@@ -102,3 +111,4 @@ class NodeParts:
     sync: OuterSyncConfig | None = None  # None: no outer sync (SAPO sharing only)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
+    offpolicy: OffPolicyConfig = field(default_factory=OffPolicyConfig)

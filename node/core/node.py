@@ -7,6 +7,7 @@ finished collect, and a node with no peers trains on its local groups alone.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -32,7 +33,7 @@ from node.tasks.acceptance import Acceptance
 from node.tasks.registry import BUILTIN_TASKS, TaskItem, TaskMix, build_task
 from node.tasks.verify import TrainGroup, local_group
 from node.training.device import params_digest, resolve_device
-from node.training.grpo import GRPOTrainer, drop_zero_advantage
+from node.training.grpo import GRPOTrainer
 from node.training.models import load_model
 from node.training.policy import Policy
 from node.training.tokenizer import max_token_chars
@@ -102,7 +103,7 @@ class Node:
         model, tokenizer, model_id = load_model(self.cfg.model, seed=self.cfg.seed, device=device)
         self.policy = Policy(model, tokenizer, model_id, device)
         self.policy.stop = self.stop_event.is_set
-        self.trainer = GRPOTrainer(self.policy, self.parts.grpo)
+        self.trainer = GRPOTrainer(self.policy, self.parts.grpo, self.parts.offpolicy, self.cfg.diagnose_groups)
         names = self.cfg.tasks or tuple(BUILTIN_TASKS)
         self.families = {n: build_task(n) for n in names}
         self.task_mix = TaskMix(list(self.families.values()), seed=self.cfg.seed)
@@ -237,9 +238,10 @@ class Node:
         if self.stop_event.is_set():
             self._abort_round("collecting")
             return None
-        external = self.pool.take(self.cfg.external_groups, self.cfg.sampling, self.sampler_rng)
-        kept, n_dropped = drop_zero_advantage(local + external)
-        stats = self.trainer.step(kept) if kept else {}
+        useful = self.trainer.has_signal  # what "advantage" sampling prefers: groups that would move this policy
+        external = self.pool.take(self.cfg.external_groups, self.cfg.sampling, self.sampler_rng, useful)
+        stats = self.trainer.step(local + external)
+        n_dropped = int(stats.get("n_dropped", 0))
         phases = (t_gen - t0, t_collect - t_gen, time.monotonic() - t_collect)
         sync = self._maybe_sync()
         record = self._record(local, external, collected, n_dropped, stats, t0, phases)
@@ -301,6 +303,10 @@ class Node:
             train_s=phases[2],
             collect_s=collected.collect_s,
             round_s=time.monotonic() - t0,
+            trained_sources=stats.get("sources", {}),
+            grad_local=stats.get("grad_local"),
+            grad_external=stats.get("grad_external"),
+            grad_cos=stats.get("grad_cos"),
         )
         assert self.metrics is not None
         self.metrics.write(RoundRecord.EVENT, **record.to_event())
@@ -355,9 +361,21 @@ class Node:
             self.parts.generation,
             seed=self.cfg.seed * 1_000_003 + self.round,
         )
-        return [
+        groups = [
             local_group(self.families[item.ref.family], item, comps, self.peer_id)
             for item, comps in zip(items, completions, strict=True)
+        ]
+        if not (self.cfg.share_logprobs and self.cfg.share and self.network is not None):
+            return groups
+        # the behaviour probability peers need for off-policy weights: one no-grad scoring pass
+        flat = self.policy.sequence_logprobs(
+            [g.prompt for g in groups for _ in g.completions], [c for g in groups for c in g.completions],
+            batch_rows=self.parts.grpo.micro_batch_size,
+        )  # fmt: skip
+        n = self.cfg.num_generations
+        return [
+            dataclasses.replace(g, behaviour_logprobs=tuple(min(0.0, x) for x in flat[k * n : (k + 1) * n]))
+            for k, g in enumerate(groups)
         ]
 
     def _request_collect(self) -> None:
@@ -391,7 +409,8 @@ class Node:
 
     def _batch(self, local: list[TrainGroup]) -> RolloutBatch:
         groups = tuple(
-            RolloutGroup(g.task_ref, g.prompt, g.completions, g.rewards, self.policy.model_id) for g in local
+            RolloutGroup(g.task_ref, g.prompt, g.completions, g.rewards, self.policy.model_id, g.behaviour_logprobs)
+            for g in local
         )
         return RolloutBatch(self.peer_id, self.round, self.clock(), groups)
 

@@ -26,6 +26,7 @@ SYNC = "outer sync (DiLoCo, among peers of the same architecture)"
 CHECKPOINTS = "checkpoints"
 DASHBOARD = "dashboard"
 NETWORK = "network"
+OFFPOLICY = "peers' completions in the loss (off-policy)"
 
 
 def option(
@@ -80,6 +81,22 @@ class NodeOptions:
     temperature: float = option(1.0, "sampling temperature", inherit=True)
     lr: float | None = option(None, "learning rate (default: the model's: 1e-3 tiny, 2e-6 smollm2-135m)", inherit=True)
     sampling: str = option("uniform", "external group choice: uniform or advantage", inherit=True)
+    external_min_logp: float | None = option(
+        None, "likelihood filter: drop a peer's completion whose mean token log-prob here is below this (e.g. -5)",
+        group=OFFPOLICY, inherit=True,
+    )  # fmt: skip
+    external_is_cap: float = option(
+        0.0, "truncated importance weight of a peer's completion: min(p_here / p_publisher, cap); 0: off",
+        group=OFFPOLICY, inherit=True,
+    )  # fmt: skip
+    external_baseline: str = option(
+        "group", "baseline of peers' groups: group (their mean) or receiver (this node's mean reward on the family)",
+        group=OFFPOLICY, inherit=True,
+    )  # fmt: skip
+    diagnose_groups: bool = option(
+        False, "record per round and source what training used (log-probs, weights, gradient shares)",
+        group=OFFPOLICY, inherit=True,
+    )  # fmt: skip
     wait_network: bool = option(
         False, "each round waits for its own publish and collect (default: they run beside the rounds)", inherit=True
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -29,8 +29,13 @@ def informative(group: HasRewards) -> bool:
     return len(set(group.rewards)) > 1
 
 
-def choose(pool: Sequence[G], j: int, policy: str, rng: random.Random) -> list[int]:
+def choose(
+    pool: Sequence[G], j: int, policy: str, rng: random.Random, useful: Callable[[G], bool] | None = None
+) -> list[int]:
     """Indices of up to ``j`` groups of ``pool`` to train on, chosen by ``policy``.
+
+    ``useful`` decides what ``advantage`` prefers (default :func:`informative`; the trainer's own
+    test when its baseline for peers' groups is not their mean).
 
     >>> from types import SimpleNamespace as N
     >>> pool = [N(rewards=(1.0, 1.0)), N(rewards=(0.0, 1.0)), N(rewards=(0.0, 0.0))]
@@ -43,7 +48,8 @@ def choose(pool: Sequence[G], j: int, policy: str, rng: random.Random) -> list[i
     rng.shuffle(idx)
     if policy == "advantage":
         # stable sort keeps the shuffle among equals: informative groups first
-        idx.sort(key=lambda i: not informative(pool[i]))
+        test = useful or informative
+        idx.sort(key=lambda i: not test(pool[i]))
     return sorted(idx[:j])
 
 
@@ -65,9 +71,9 @@ class ExternalPool(Generic[G]):
     def add(self, groups: Sequence[G]) -> None:
         self._items.extend(groups)
 
-    def take(self, j: int, policy: str, rng: random.Random) -> list[G]:
+    def take(self, j: int, policy: str, rng: random.Random, useful: Callable[[G], bool] | None = None) -> list[G]:
         items = list(self._items)
-        chosen = set(choose(items, j, policy, rng))
+        chosen = set(choose(items, j, policy, rng, useful))
         self._items = deque((g for i, g in enumerate(items) if i not in chosen), maxlen=self.capacity)
         return [items[i] for i in sorted(chosen)]
 

@@ -82,6 +82,10 @@ class RoundRecord:
     train_s: float
     collect_s: float | None
     round_s: float
+    trained_sources: dict[str, dict[str, float]] = field(default_factory=dict)
+    grad_local: float | None = None
+    grad_external: float | None = None
+    grad_cos: float | None = None
 
     EVENT = "round"
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from node.core.pool import SAMPLING_POLICIES
 from node.experiments.results import parse_split
+from node.training.offpolicy import OBJECTIVES
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,19 @@ class ExperimentConfig:
     sampling: tuple[str, ...] = field(
         default=("uniform",), metadata={"help": "External sampling policies to compare: uniform, advantage."}
     )
+    objectives: tuple[str, ...] = field(
+        default=("plain",),
+        metadata={"help": "How peers' completions enter the loss, compared as an axis: " + ", ".join(OBJECTIVES)
+                  + " (see node.training.offpolicy)."},
+    )  # fmt: skip
+    reference_splits: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "No-sharing splits with more local groups (e.g. 16/0: twice the local data), shown for "
+                  "reference and marked as not equal compute."},
+    )  # fmt: skip
+    diagnose: bool = field(
+        default=True, metadata={"help": "Nodes record per-source log-probs, weights and gradient shares."}
+    )
     tasks: tuple[str, ...] = field(default=(), metadata={"help": "Task families (empty: all built-in families)."})
     models: tuple[str, ...] = field(
         default=(), metadata={"help": "Models assigned round-robin to nodes (empty: swarm-node local's mix)."}
@@ -47,6 +61,8 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         self.splits = tuple(self.splits)
         self.sampling = tuple(self.sampling)
+        self.objectives = tuple(self.objectives)
+        self.reference_splits = tuple(self.reference_splits)
         self.tasks = tuple(self.tasks)
         self.models = tuple(self.models)
         checks = [
@@ -67,6 +83,11 @@ class ExperimentConfig:
         for s in self.sampling:
             if s not in SAMPLING_POLICIES:
                 raise ValueError(f"sampling {s!r}; use one of {SAMPLING_POLICIES}")
+        for o in self.objectives:
+            if o not in OBJECTIVES:
+                raise ValueError(f"objective {o!r}; use one of {', '.join(OBJECTIVES)}")
+        if not self.objectives or len(set(self.objectives)) != len(self.objectives):
+            raise ValueError("objectives is empty or has duplicates; e.g. plain,tis")
         self._check_splits()
 
     def _check_splits(self) -> None:
@@ -77,6 +98,15 @@ class ExperimentConfig:
             raise ValueError(f"splits {','.join(self.splits)} differ in I + J; equal compute needs one total")
         if len(set(pairs)) != len(pairs):
             raise ValueError("splits has duplicates")
+        for text in self.reference_splits:
+            i, j = parse_split(text)
+            if j != 0 or i < 1 or (i, j) in pairs:
+                raise ValueError(f"reference split {text}: use a no-sharing split not in splits, e.g. 16/0")
+
+    @property
+    def baseline_split(self) -> str | None:
+        """The equal-compute no-sharing split (J = 0) among ``splits``, if any: every ratio is to it."""
+        return next((f"{i}/{j}" for i, j in self.split_pairs() if j == 0), None)
 
     def split_pairs(self) -> list[tuple[int, int]]:
         """The splits as (I, J) pairs."""
@@ -96,7 +126,7 @@ class ExperimentConfig:
         return {f.name: str(f.metadata.get("help", "")) for f in fields(cls)}
 
 
-LIST_FIELDS = {"splits", "sampling", "tasks", "models"}
+LIST_FIELDS = {"splits", "sampling", "tasks", "models", "objectives", "reference_splits"}
 """Fields given as comma-separated lists on the command line."""
 
 

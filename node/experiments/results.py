@@ -42,6 +42,7 @@ class NodeResult:
     fetch_failed: int = 0
     rejected: int = 0
     round_s: float = 0.0
+    diagnostics: dict[str, float] = field(default_factory=dict)
 
     @property
     def cumulative(self) -> float:
@@ -145,6 +146,7 @@ class SplitSummary:
     curve_mean: list[float] = field(repr=False)
     curve_std: list[float] = field(repr=False)
     per_model: dict[str, float] = field(default_factory=dict)
+    diagnostics: dict[str, float] = field(default_factory=dict)
 
 
 def _final(curve: Sequence[float], frac: float = 0.1) -> float:
@@ -184,7 +186,18 @@ def summarize_split(runs: Sequence[RunResult], baseline: float | None) -> SplitS
         curve_mean=mean_curves(curves),
         curve_std=std_curves(curves),
         per_model=_per_model(runs),
+        diagnostics=_mean_diagnostics(runs),
     )
+
+
+def _mean_diagnostics(runs: Sequence[RunResult]) -> dict[str, float]:
+    """Each diagnostic averaged over the nodes (of every run) that report it."""
+    values: dict[str, list[float]] = {}
+    for r in runs:
+        for n in r.nodes:
+            for k, v in n.diagnostics.items():
+                values.setdefault(k, []).append(v)
+    return {k: statistics.fmean(v) for k, v in sorted(values.items())}
 
 
 def share_baseline(runs: Sequence[RunResult], samplings: Sequence[str]) -> list[RunResult]:
@@ -207,11 +220,13 @@ def _split_order(split: str) -> tuple[int, int]:
     return external, -local
 
 
-def summarize(runs: Sequence[RunResult], order: Sequence[str] = ()) -> list[SplitSummary]:
+def summarize(
+    runs: Sequence[RunResult], order: Sequence[str] = (), baseline_split: str | None = None
+) -> list[SplitSummary]:
     """One summary per (sampling, split), ordered by sampling (as in ``order``, else by name) then J.
 
-    The ratio of each split is to the no-sharing split (J = 0) of the same
-    sampling policy if there is one, else to any J = 0 split in ``runs``
+    The ratio of each split is to the no-sharing split (``baseline_split``, else any J = 0 split) of
+    the same sampling policy if there is one, else to any such split in ``runs``
     (sampling does not matter without external groups).
     """
     groups: dict[tuple[str, str], list[RunResult]] = {}
@@ -219,7 +234,7 @@ def summarize(runs: Sequence[RunResult], order: Sequence[str] = ()) -> list[Spli
         groups.setdefault((r.sampling, r.split), []).append(r)
     baselines: dict[str, float] = {}
     for (sampling, split), rs in groups.items():
-        if parse_split(split)[1] == 0:
+        if split == baseline_split or (baseline_split is None and parse_split(split)[1] == 0):
             baselines[sampling] = statistics.fmean(r.cumulative for r in rs)
     fallback = next(iter(baselines.values()), None)
     rank = {name: i for i, name in enumerate(order)}
@@ -227,8 +242,15 @@ def summarize(runs: Sequence[RunResult], order: Sequence[str] = ()) -> list[Spli
     return [summarize_split(groups[k], baselines.get(k[0], fallback)) for k in keys]
 
 
-def markdown_table(summaries: Sequence[SplitSummary], reference: Mapping[str, float] = SAPO_REFERENCE) -> str:
-    """The results table: cumulative reward (mean ± std over seeds), ratio to 8/0, and SAPO's numbers."""
+def markdown_table(
+    summaries: Sequence[SplitSummary],
+    reference: Mapping[str, float] = SAPO_REFERENCE,
+    reference_splits: Sequence[str] = (),
+) -> str:
+    """The results table: cumulative reward (mean ± std over seeds), ratio to 8/0, and SAPO's numbers.
+
+    Splits in ``reference_splits`` (more local data, e.g. 16/0) are marked as not equal compute.
+    """
     ref_base = reference.get("8/0")
     head = "| sampling | split I/J | seeds | cumulative reward (mean ± std) | vs no sharing | final reward "
     head += "| external / node-round | trained (informative) / node-round | fetch failed | rejected | SAPO (ratio) |"
@@ -237,8 +259,9 @@ def markdown_table(summaries: Sequence[SplitSummary], reference: Mapping[str, fl
         ratio = "-" if s.ratio is None else f"{s.ratio:.2f}x ({(s.ratio - 1) * 100:+.0f}%)"
         ref = reference.get(s.split)
         sapo = "-" if ref is None or not ref_base else f"{ref:.2f} ({ref / ref_base:.2f}x)"
+        split = f"{s.split} (not equal compute)" if s.split in reference_splits else s.split
         lines.append(
-            f"| {s.sampling} | {s.split} | {s.seeds} | {s.cumulative_mean:.2f} ± {s.cumulative_std:.2f} | {ratio} "
+            f"| {s.sampling} | {split} | {s.seeds} | {s.cumulative_mean:.2f} ± {s.cumulative_std:.2f} | {ratio} "
             f"| {s.final_reward:.3f} | {s.external_per_round:.2f} | {s.trained_per_round:.2f} | {s.fetch_failed} "
             f"| {s.rejected} | {sapo} |"
         )
@@ -252,6 +275,127 @@ def per_model_table(summaries: Sequence[SplitSummary]) -> str:
     for s in summaries:
         cells = [f"{s.per_model[m]:.2f}" if m in s.per_model else "-" for m in models]
         lines.append(f"| {s.sampling} | {s.split} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """One (policy, split) against the no-sharing split, paired by seed (same initial weights and questions)."""
+
+    sampling: str
+    split: str
+    seeds: list[int]
+    ratios: list[float]
+    mean_ratio: float
+    mean_diff: float
+    t_p: float | None  # paired t-test, two-sided (None below 2 seeds or with no spread)
+    sign_p: float  # exact sign-flip permutation test, one-sided (this split better)
+
+
+def sign_flip_p(diffs: Sequence[float]) -> float:
+    """One-sided exact p-value that the mean of ``diffs`` is > 0: the share of the 2^n sign flips whose
+    mean is at least the observed one (n <= 16).
+
+    >>> sign_flip_p([1.0, 2.0, 3.0])  # only the observed signs reach 2.0: 1 of 8
+    0.125
+    """
+    n = len(diffs)
+    if not 1 <= n <= 16:
+        raise ValueError("sign_flip_p needs 1-16 differences")
+    observed = sum(diffs)
+    hits = 0
+    for mask in range(2**n):
+        total = sum(-d if mask >> i & 1 else d for i, d in enumerate(diffs))
+        hits += int(total >= observed - 1e-12)
+    return hits / float(2**n)
+
+
+def paired_t_p(diffs: Sequence[float]) -> float | None:
+    """Two-sided p-value of a paired t-test on ``diffs`` (None below 2 values or with no spread)."""
+    if len(diffs) < 2 or statistics.stdev(diffs) == 0:
+        return None
+    from scipy import stats  # lazy: only the aggregation needs it
+
+    return float(stats.ttest_1samp(list(diffs), 0.0).pvalue)
+
+
+def paired_tests(runs: Sequence[RunResult], baseline_split: str, order: Sequence[str] = ()) -> list[PairedTest]:
+    """Every (policy, split) other than ``baseline_split`` against that split's run of the same seed."""
+    base = {r.seed: r.cumulative for r in runs if r.split == baseline_split}
+    groups: dict[tuple[str, str], dict[int, float]] = {}
+    for r in runs:
+        if r.split != baseline_split and r.seed in base:
+            groups.setdefault((r.sampling, r.split), {})[r.seed] = r.cumulative
+    rank = {name: i for i, name in enumerate(order)}
+    out = []
+    for (sampling, split), by_seed in sorted(
+        groups.items(), key=lambda kv: (rank.get(kv[0][0], len(rank)), kv[0][0], _split_order(kv[0][1]))
+    ):
+        seeds = sorted(by_seed)
+        diffs = [by_seed[s] - base[s] for s in seeds]
+        ratios = [by_seed[s] / base[s] if base[s] else math.nan for s in seeds]
+        mean_ratio, mean_diff = statistics.fmean(ratios), statistics.fmean(diffs)
+        p_values = paired_t_p(diffs), sign_flip_p(diffs)
+        out.append(PairedTest(sampling, split, seeds, ratios, mean_ratio, mean_diff, *p_values))
+    return out
+
+
+def paired_table(tests: Sequence[PairedTest]) -> str:
+    """Per-seed ratios, their mean and both p-values, one row per (policy, split)."""
+    lines = [
+        "| sampling | split | seeds | ratio per seed | mean ratio | paired t-test p (two-sided) "
+        "| sign-flip p (one-sided) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in tests:
+        per_seed = ", ".join(f"{x:.2f}" for x in t.ratios)
+        tp = "-" if t.t_p is None else f"{t.t_p:.3f}"
+        lines.append(
+            f"| {t.sampling} | {t.split} | {len(t.seeds)} | {per_seed} | {t.mean_ratio:.3f} | {tp} | {t.sign_p:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+DIAGNOSTICS = {
+    "token_logp_local": "log-prob / token, local",
+    "token_logp_external": "log-prob / token, external",
+    "weight_external": "weight, external",
+    "adv_share_external": "advantage share, external",
+    "grad_share_external": "gradient norm share, external",
+    "grad_cos": "cos(local, external gradient)",
+}
+"""Per-node diagnostics averaged over the rounds that trained on both local and external groups."""
+
+
+def node_diagnostics(rounds: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Means of :data:`DIAGNOSTICS` over the rounds (``round`` events) that trained on both sources."""
+    values: dict[str, list[float]] = {k: [] for k in DIAGNOSTICS}
+    for e in rounds:
+        sources = e.get("trained_sources") or {}
+        local = sources.get("local")
+        ext = [v for k, v in sources.items() if k.startswith("ext:")]
+        if not local or not ext:
+            continue
+        n_ext = sum(v["completions"] for v in ext)
+        values["token_logp_local"].append(local["token_logp"])
+        values["token_logp_external"].append(sum(v["token_logp"] * v["completions"] for v in ext) / n_ext)
+        values["weight_external"].append(sum(v["weight"] * v["completions"] for v in ext) / n_ext)
+        values["adv_share_external"].append(sum(v["adv_share"] for v in ext))
+        gl, ge = e.get("grad_local"), e.get("grad_external")
+        if gl is not None and ge is not None and gl + ge > 0:
+            values["grad_share_external"].append(ge / (gl + ge))
+        if e.get("grad_cos") is not None:
+            values["grad_cos"].append(e["grad_cos"])
+    return {k: statistics.fmean(v) for k, v in values.items() if v}
+
+
+def diagnostics_table(summaries: Sequence[SplitSummary]) -> str:
+    """The diagnostics of every (policy, split) that has them."""
+    lines = ["| sampling | split | " + " | ".join(DIAGNOSTICS.values()) + " |", "|---|---|" + "---|" * len(DIAGNOSTICS)]
+    for s in summaries:
+        if s.diagnostics:
+            cells = [f"{s.diagnostics[k]:.3f}" if k in s.diagnostics else "-" for k in DIAGNOSTICS]
+            lines.append(f"| {s.sampling} | {s.split} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -272,6 +416,7 @@ def load_run(run_dir: Path, sampling: str, split: str, seed: int, wall_s: float 
                 fetch_failed=sum(int(e.get("fetch_failed", 0)) for e in rounds),
                 rejected=sum(int(e.get("external_rejected", 0)) for e in rounds),
                 round_s=statistics.fmean(float(e["round_s"]) for e in rounds) if rounds else 0.0,
+                diagnostics=node_diagnostics(rounds),
             )
         )
     return RunResult(sampling, split, seed, tuple(nodes), wall_s)
@@ -279,6 +424,6 @@ def load_run(run_dir: Path, sampling: str, split: str, seed: int, wall_s: float 
 
 def run_from_json(data: Mapping[str, Any]) -> RunResult:
     """Inverse of :meth:`RunResult.to_json` (derived fields are ignored)."""
-    keys = ("peer", "model", "external_groups", "trained_groups", "fetch_failed", "rejected", "round_s")
+    keys = ("peer", "model", "external_groups", "trained_groups", "fetch_failed", "rejected", "round_s", "diagnostics")
     nodes = tuple(NodeResult(curve=tuple(n["curve"]), **{k: n[k] for k in keys if k in n}) for n in data["nodes"])
     return RunResult(data["sampling"], data["split"], int(data["seed"]), nodes, float(data.get("wall_s", 0.0)))

@@ -30,14 +30,19 @@ from node.core.options import LocalOptions, to_argv
 from node.experiments.config import ExperimentConfig
 from node.experiments.results import (
     RunResult,
+    diagnostics_table,
     load_run,
     markdown_table,
+    paired_table,
+    paired_tests,
+    parse_split,
     per_model_table,
     run_from_json,
     share_baseline,
     summarize,
 )
 from node.observe.metrics import read_events
+from node.training.offpolicy import OffPolicyConfig
 
 logger = logging.getLogger(__name__)
 
@@ -53,31 +58,45 @@ class Run:
     local: int
     external: int
     seed: int
+    objective: str = "plain"
 
     @property
     def split(self) -> str:
         return f"{self.local}/{self.external}"
 
     @property
+    def label(self) -> str:
+        """The policy column of the tables: the sampling policy, ``+objective`` unless plain."""
+        return self.sampling if self.objective == "plain" else f"{self.sampling}+{self.objective}"
+
+    @property
     def name(self) -> str:
         """Folder of the run, relative to the results folder."""
-        return f"runs/{self.sampling}/{self.local}-{self.external}/seed{self.seed}"
+        return f"runs/{self.label}/{self.local}-{self.external}/seed{self.seed}"
 
 
 def plan_runs(cfg: ExperimentConfig) -> list[Run]:
     """All runs of the sweep, seed-major so that a partial sweep covers every split early.
 
-    A split without external groups does not depend on the sampling policy, so
-    it runs once (under the first policy) and is shared by all.
+    A split without external groups depends on neither the sampling policy nor the objective,
+    so it runs once (under the first of each) and is shared by all; reference splits likewise.
     """
     runs: list[Run] = []
+    first = (cfg.sampling[0], cfg.objectives[0])
     for seed in cfg.seed_values():
-        for k, sampling in enumerate(cfg.sampling):
-            for local, external in cfg.split_pairs():
-                if external == 0 and k > 0:
-                    continue
-                runs.append(Run(sampling, local, external, seed))
+        for sampling in cfg.sampling:
+            for objective in cfg.objectives:
+                for local, external in cfg.split_pairs():
+                    if external == 0 and (sampling, objective) != first:
+                        continue
+                    runs.append(Run(sampling, local, external, seed, objective))
+        runs += [Run(first[0], *parse_split(s), seed, first[1]) for s in cfg.reference_splits]
     return runs
+
+
+def labels(cfg: ExperimentConfig) -> list[str]:
+    """Every policy label of the sweep, in table order."""
+    return [Run(s, 1, 1, 0, o).label for s in cfg.sampling for o in cfg.objectives]
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -97,11 +116,14 @@ def write_atomic(path: Path, text: str) -> None:
 
 def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path) -> list[str]:
     """The ``swarm-node local`` command line of one run (flags generated from :class:`LocalOptions`)."""
+    objective = OffPolicyConfig.preset(run.objective)
     opts = LocalOptions(
         nodes=cfg.nodes, rounds=cfg.rounds, local_groups=run.local, external_groups=run.external,
         sampling=run.sampling, seed=run.seed, generations=cfg.generations, log_dir=str(run_dir),
-        round_timeout=cfg.round_timeout, swarm_id=f"exp-{run.sampling}-{run.local}-{run.seed}", no_dashboard=True,
+        round_timeout=cfg.round_timeout, swarm_id=f"exp-{run.label}-{run.local}-{run.seed}", no_dashboard=True,
         models=",".join(cfg.models), lr=cfg.lr, max_new_tokens=cfg.max_new_tokens, task=tuple(cfg.tasks),
+        external_min_logp=objective.min_token_logp, external_is_cap=objective.is_cap,
+        external_baseline=objective.baseline, diagnose_groups=cfg.diagnose,
     )  # fmt: skip
     return [sys.executable, "-m", "node", "local", *to_argv(opts, only="changed")]
 
@@ -144,7 +166,7 @@ def execute_run(cfg: ExperimentConfig, run: Run, out: Path, on_poll: Callable[[i
         finally:
             _stop(proc)
     on_poll(rounds_done(run_dir))
-    result = load_run(run_dir, run.sampling, run.split, run.seed, time.monotonic() - t0)
+    result = load_run(run_dir, run.label, run.split, run.seed, time.monotonic() - t0)
     complete = len(result.nodes) == cfg.nodes and all(len(n.curve) >= cfg.rounds for n in result.nodes)
     if proc.returncode != 0 or not complete:
         logger.warning("run %s failed (exit %s); see %s", run.name, proc.returncode, run_dir / "local.log")
@@ -206,19 +228,29 @@ def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path) ->
     from node.experiments.plots import plot_cumulative, plot_reward_curves
     from node.experiments.results import SAPO_REFERENCE
 
-    summaries = summarize(share_baseline(results, cfg.sampling), order=cfg.sampling)
+    order = labels(cfg)
+    shared = share_baseline(results, order)
+    summaries = summarize(shared, order=order, baseline_split=cfg.baseline_split)
+    tests = paired_tests(shared, cfg.baseline_split, order) if cfg.baseline_split else []
     data = {
         "config": cfg.to_json(),
         "reference": SAPO_REFERENCE,
         "summary": [asdict(s) for s in summaries],
+        "paired": [asdict(t) for t in tests],
         "runs": [r.to_json() for r in results],
     }
     write_atomic(out / "results.json", json.dumps(data))
     title = f"{cfg.nodes} nodes, {cfg.rounds} rounds, {cfg.generations} completions/question, tasks: "
     title += ",".join(cfg.tasks) or "all"
-    table = markdown_table(summaries)
+    table = markdown_table(summaries, reference_splits=cfg.reference_splits)
     text = f"# Experiment results\n\n{title}\n\n{table}\n\nCumulative reward per model:\n\n"
     text += per_model_table(summaries) + "\n"
+    if tests:
+        text += f"\nPaired over seeds, each run against the {cfg.baseline_split} run of its seed:\n\n"
+        text += paired_table(tests) + "\n"
+    if any(s.diagnostics for s in summaries):
+        text += "\nWhat training used (means over node-rounds that trained on both sources):\n\n"
+        text += diagnostics_table(summaries) + "\n"
     write_atomic(out / "results.md", text)
     plot_reward_curves(summaries, out / "reward_curves.png", title=title)
     plot_cumulative(summaries, out / "cumulative.png", title=title)

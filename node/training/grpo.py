@@ -32,6 +32,8 @@ import torch
 from torch import Tensor
 
 from node.tasks.verify import TrainGroup
+from node.training.diagnostics import StepDiagnostics, flat_grad, source_key
+from node.training.offpolicy import FamilyBaseline, OffPolicyConfig, completion_weight, receiver_advantages
 from node.training.policy import Policy
 
 logger = logging.getLogger(__name__)
@@ -130,11 +132,15 @@ def grpo_loss(
     cfg: GRPOConfig,
     ref_logp: Tensor | None = None,
     norm: LossNorm | None = None,
+    weights: Tensor | None = None,
 ) -> Tensor:
     """The clipped GRPO loss of [B, T] token log-probs, advantages [B] and mask [B, T].
 
     ``norm`` gives whole-step normalisers when this batch is one micro-batch
     of a larger step (the per-micro-batch losses then sum to the step's loss).
+    ``weights`` [B] scales each completion's token losses (off-policy weights of
+    external completions, :mod:`node.training.offpolicy`); normalisers are not
+    re-weighted, so a down-weighted completion moves the update less.
     """
     norm = norm or LossNorm.of(mask)
     ratio = torch.exp(logp - old_logp)
@@ -147,6 +153,8 @@ def grpo_loss(
         delta = ref_logp - logp
         per_token = per_token + cfg.beta * (torch.exp(delta) - delta - 1)
     per_token = per_token * mask
+    if weights is not None:
+        per_token = per_token * weights[:, None].to(per_token.dtype)
     if cfg.loss_type == "grpo":
         per_seq = per_token.sum(-1) / mask.sum(-1).clamp(min=1)
         return per_seq.sum() / norm.n_seqs
@@ -155,15 +163,39 @@ def grpo_loss(
     return per_token.sum() / (norm.n_seqs * norm.max_len)
 
 
-Row = tuple[str, str, float]  # prompt, completion, advantage
+@dataclass(frozen=True)
+class Row:
+    """One completion to train on: its prompt, advantage and where it came from."""
+
+    prompt: str
+    completion: str
+    advantage: float
+    external: bool = False
+    claimed_logp: float | None = None  # the publisher's sequence log-prob (external rows)
+    source: str = "local"  # diagnostics key: "local" or "ext:<model>"
 
 
 class GRPOTrainer:
-    """Applies GRPO updates to a policy from train groups (local rewards only)."""
+    """Applies GRPO updates to a policy from train groups (local rewards only).
 
-    def __init__(self, policy: Policy, cfg: GRPOConfig | None = None) -> None:
+    External groups are handled as ``offpolicy`` says (:mod:`node.training.offpolicy`); with
+    ``diagnose`` each step also reports, per source, the policy's log-probabilities of what it
+    trained on, the completions' weights and advantage mass, and the gradient norms of the local
+    and external parts (one copy of the gradient per step).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        cfg: GRPOConfig | None = None,
+        offpolicy: OffPolicyConfig | None = None,
+        diagnose: bool = False,
+    ) -> None:
         self.policy = policy
         self.cfg = cfg or GRPOConfig()
+        self.offpolicy = offpolicy or OffPolicyConfig()
+        self.diagnose = diagnose
+        self.baseline = FamilyBaseline(self.offpolicy.baseline_momentum)
         params = [p for p in policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params,
@@ -177,37 +209,74 @@ class GRPOTrainer:
             ref_model = copy.deepcopy(policy.model).requires_grad_(False)
             self._ref = Policy(ref_model, policy.tokenizer, policy.model_id, str(policy.device))
 
+    def advantages(self, group: TrainGroup) -> list[float]:
+        """The group's advantages: group-normalised, or against this node's expected reward (external, receiver)."""
+        base = self.baseline.get(group.task_family)
+        if group.external and self.offpolicy.baseline == "receiver" and base is not None:
+            return receiver_advantages(group.rewards, base, self.offpolicy.min_scale)
+        return group_advantages(group.rewards, self.cfg.scale_rewards)
+
+    def has_signal(self, group: TrainGroup) -> bool:
+        """Whether any of the group's advantages is non-zero (only then does it move the policy)."""
+        return any(abs(a) > 1e-6 for a in self.advantages(group))
+
     def _rows(self, groups: Sequence[TrainGroup]) -> list[Row]:
         rows: list[Row] = []
         for g in groups:
-            advs = group_advantages(g.rewards, self.cfg.scale_rewards)
-            rows.extend((g.prompt, c, a) for c, a in zip(g.completions, advs, strict=True))
+            claims = g.behaviour_logprobs or (None,) * len(g.completions)
+            key = source_key(g)
+            for c, a, lp in zip(g.completions, self.advantages(g), claims, strict=True):
+                rows.append(Row(g.prompt, c, a, g.external, lp if g.external else None, key))
         return rows
 
     def _norm(self, rows: Sequence[Row]) -> LossNorm:
-        lengths = [len(self.policy.encode_completion(c)) for _, c, _ in rows]
+        lengths = [len(self.policy.encode_completion(r.completion)) for r in rows]
         return LossNorm(len(rows), sum(lengths), max(lengths))
 
     @torch.no_grad()
     def _fixed_logprobs(self, policy: Policy, chunks: Sequence[Sequence[Row]]) -> list[Tensor]:
-        return [policy.token_logprobs([r[0] for r in ch], [r[1] for r in ch])[0] for ch in chunks]
+        return [policy.token_logprobs([r.prompt for r in ch], [r.completion for r in ch])[0] for ch in chunks]
+
+    def _weights(self, chunk: Sequence[Row], logp: Tensor, mask: Tensor) -> Tensor | None:
+        """Per-completion off-policy weights of a chunk (from log-probs before this step), None if all 1."""
+        if not self.offpolicy.weighted or not any(r.external for r in chunk):
+            return None
+        seq = logp.detach().sum(-1).tolist()
+        tokens = mask.sum(-1).tolist()
+        w = [
+            completion_weight(s, int(n), r.claimed_logp, self.offpolicy) if r.external else 1.0
+            for r, s, n in zip(chunk, seq, tokens, strict=True)
+        ]
+        return torch.tensor(w, dtype=logp.dtype, device=logp.device)
 
     def _update(
-        self, chunks: Sequence[Sequence[Row]], norm: LossNorm, old: list[Tensor] | None, ref: list[Tensor] | None
+        self,
+        chunks: Sequence[Sequence[Row]],
+        norm: LossNorm,
+        old: list[Tensor] | None,
+        ref: list[Tensor] | None,
+        diag: StepDiagnostics | None = None,
     ) -> tuple[float, int, float]:
         """One optimiser step over all chunks; returns (loss, clipped tokens, grad norm)."""
         self.optimizer.zero_grad(set_to_none=True)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
         total, n_clipped = 0.0, 0
         for k, chunk in enumerate(chunks):
-            logp, mask = self.policy.token_logprobs([r[0] for r in chunk], [r[1] for r in chunk])
+            if diag is not None and chunk[0].external and diag.local_grad is None:
+                diag.local_grad = flat_grad(params)  # local chunks come first: this is the local part's gradient
+            logp, mask = self.policy.token_logprobs([r.prompt for r in chunk], [r.completion for r in chunk])
             old_logp = old[k] if old is not None else logp.detach()
-            adv = torch.tensor([r[2] for r in chunk], dtype=logp.dtype, device=logp.device)
-            loss = grpo_loss(logp, old_logp, adv, mask, self.cfg, ref[k] if ref else None, norm)
+            adv = torch.tensor([r.advantage for r in chunk], dtype=logp.dtype, device=logp.device)
+            weights = self._weights(chunk, old_logp, mask)
+            loss = grpo_loss(logp, old_logp, adv, mask, self.cfg, ref[k] if ref else None, norm, weights)
             loss.backward()
             total += float(loss.item())
             ratio = torch.exp(logp.detach() - old_logp)
             n_clipped += int((_clipped(ratio, adv[:, None], self.cfg) & (mask > 0)).sum().item())
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            if diag is not None:
+                diag.add(chunk, old_logp, mask, weights)
+        if diag is not None:
+            diag.finish_grads(flat_grad(params))
         limit = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, limit).item())
         self.optimizer.step()
@@ -231,38 +300,54 @@ class GRPOTrainer:
             logger.warning("skipped %d group(s) with a completion longer than the model's context", skipped)
         return kept, skipped
 
-    def step(self, groups: Sequence[TrainGroup]) -> dict[str, Any]:
-        """Train on ``groups``: skip groups past the context, drop zero-advantage groups, then update.
+    def _chunks(self, rows: Sequence[Row]) -> list[list[Row]]:
+        """Micro-batches, local rows first and never mixed with external ones (so their gradients can be told apart)."""
+        mb = self.cfg.micro_batch_size
+        chunks: list[list[Row]] = []
+        for part in ([r for r in rows if not r.external], [r for r in rows if r.external]):
+            chunks += [part[i : i + mb] for i in range(0, len(part), mb)]
+        return chunks
 
+    def step(self, groups: Sequence[TrainGroup]) -> dict[str, Any]:
+        """Train on ``groups``: skip groups past the context, drop those without signal, then update.
+
+        This node's own groups first update its per-family expected reward (the receiver baseline).
         Groups with a completion past the model's context are skipped and
-        counted (``n_too_long``, see :meth:`within_context`). Old log-probs
+        counted (``n_too_long``, see :meth:`within_context`); groups whose advantages are all zero
+        (:meth:`has_signal`) are dropped and counted (``n_dropped``). Old log-probs
         are fixed before the first update (under no_grad; with
         ``num_iterations == 1`` they equal the detached current ones, so no
         extra forward pass is made). Returns statistics: loss (last update),
         n_groups (kept), n_dropped, n_too_long, n_completions, grad_norm (last
-        update), clip_frac (over all updates), mean_reward (all given groups), seconds.
+        update), clip_frac (over all updates), mean_reward (all given groups), seconds,
+        and with ``diagnose`` ``sources`` and the local / external gradient norms (first update).
         """
         t0 = time.perf_counter()
+        for g in groups:
+            if not g.external:
+                self.baseline.update(g.task_family, g.rewards)
         fitting, too_long = self.within_context(groups)
-        kept, dropped = drop_zero_advantage(fitting)
+        kept = [g for g in fitting if self.has_signal(g)]
         all_rewards = [r for g in groups for r in g.rewards]
         stats: dict[str, Any] = {
-            "loss": 0.0, "n_groups": len(kept), "n_dropped": dropped, "n_too_long": too_long, "n_completions": 0,
-            "grad_norm": 0.0, "clip_frac": 0.0,
+            "loss": 0.0, "n_groups": len(kept), "n_dropped": len(fitting) - len(kept), "n_too_long": too_long,
+            "n_completions": 0, "grad_norm": 0.0, "clip_frac": 0.0,
             "mean_reward": sum(all_rewards) / len(all_rewards) if all_rewards else 0.0,
         }  # fmt: skip
         if kept:
             rows = self._rows(kept)
-            mb = self.cfg.micro_batch_size
-            chunks = [rows[i : i + mb] for i in range(0, len(rows), mb)]
+            chunks = self._chunks(rows)
             norm = self._norm(rows)
             old = self._fixed_logprobs(self.policy, chunks) if self.cfg.num_iterations > 1 else None
             ref = self._fixed_logprobs(self._ref, chunks) if self._ref is not None else None
+            diag = StepDiagnostics(kept) if self.diagnose else None
             n_clipped = 0
-            for _ in range(self.cfg.num_iterations):
-                loss, clipped, grad_norm = self._update(chunks, norm, old, ref)
+            for i in range(self.cfg.num_iterations):
+                loss, clipped, grad_norm = self._update(chunks, norm, old, ref, diag if i == 0 else None)
                 n_clipped += clipped
             stats.update(loss=loss, n_completions=len(rows), grad_norm=grad_norm)
             stats["clip_frac"] = n_clipped / (norm.n_tokens * self.cfg.num_iterations)
+            if diag is not None:
+                stats.update(diag.summary())
         stats["seconds"] = time.perf_counter() - t0
         return stats

@@ -277,3 +277,16 @@ class Policy:
         logp = torch.log_softmax(logits, dim=-1).gather(-1, c_ids[..., None]).squeeze(-1)
         fmask = c_mask.to(logp.dtype)
         return logp * fmask, fmask
+
+    @torch.no_grad()
+    def sequence_logprobs(self, prompts: list[str], completions: list[str], batch_rows: int = 64) -> list[float]:
+        """Each completion's log-probability (its tokens and eos) given its prompt, without grad.
+
+        What a publisher claims in ``RolloutGroup.logprobs``: scored on the text as
+        :meth:`token_logprobs` scores it, so a receiver computes the same quantity with its own policy.
+        """
+        out: list[float] = []
+        for i in range(0, len(prompts), batch_rows):
+            logp, _ = self.token_logprobs(prompts[i : i + batch_rows], completions[i : i + batch_rows])
+            out += [float(x) for x in logp.sum(-1).tolist()]
+        return out
