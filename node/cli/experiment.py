@@ -28,8 +28,9 @@ def add_experiment_parser(sub: Any) -> argparse.ArgumentParser:
         helptext = f.metadata["help"]
         if f.name in LIST_FIELDS:
             p.add_argument(flag, type=_csv, default=None, help=helptext + " (comma-separated)")
-        elif f.name == "progress":
-            p.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no display")
+        elif isinstance(_default(f.name), bool):  # a switch: --no-NAME turns a default-on field off
+            off = "--no-" + f.name.replace("_", "-")
+            p.add_argument(off, dest=f.name, action="store_false", default=None, help=f"off: {helptext}")
         else:
             kind = float if f.name in ("lr", "round_timeout") else (str if f.name == "out" else int)
             p.add_argument(flag, type=kind, default=None, help=f"{helptext} (default {_default(f.name)})")

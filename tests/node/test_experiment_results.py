@@ -14,18 +14,23 @@ from node.experiments.config import ExperimentConfig
 from node.experiments.results import (
     NodeResult,
     RunResult,
+    diagnostics_table,
     load_run,
     markdown_table,
     mean_curves,
+    node_diagnostics,
+    paired_table,
+    paired_tests,
     parse_split,
     per_model_table,
     run_from_json,
     share_baseline,
+    sign_flip_p,
     smooth,
     std_curves,
     summarize,
 )
-from node.experiments.sweep import Run, is_finished, local_command, plan_runs, write_atomic
+from node.experiments.sweep import Run, is_finished, labels, local_command, plan_runs, write_atomic
 from node.observe.metrics import MetricsWriter
 
 
@@ -184,3 +189,73 @@ def test_plots_write_pngs(tmp_path: Path) -> None:
     s = summarize([run("8/0", 0, [0.1, 0.2, 0.3]), run("8/0", 1, [0.2, 0.2, 0.2]), run("4/4", 0, [0.3, 0.4, 0.5])])
     for path in (plot_reward_curves(s, tmp_path / "a.png"), plot_cumulative(s, tmp_path / "b.png")):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_objective_axis_and_reference_split_plan() -> None:
+    cfg = ExperimentConfig(
+        splits=("8/0", "4/4"), reference_splits=("16/0",), seeds=2, sampling=("uniform", "advantage"),
+        objectives=("plain", "tis"),
+    )  # fmt: skip
+    runs = plan_runs(cfg)
+    # per seed: 8/0 and 16/0 once, 4/4 under each of 2 policies x 2 objectives
+    assert len(runs) == 2 * (2 + 4)
+    assert Run("uniform", 16, 0, 0) in runs and Run("advantage", 4, 4, 100, "tis") in runs
+    assert Run("advantage", 4, 4, 0, "tis").name == "runs/advantage+tis/4-4/seed0"
+    assert Run("advantage", 4, 4, 0).name == "runs/advantage/4-4/seed0"  # plain keeps the old layout
+    assert labels(cfg) == ["uniform", "uniform+tis", "advantage", "advantage+tis"]
+    assert cfg.baseline_split == "8/0"
+    with pytest.raises(ValueError, match="reference split 4/4"):
+        ExperimentConfig(splits=("8/0", "4/4"), reference_splits=("4/4",))
+    with pytest.raises(ValueError, match="objective 'magic'"):
+        ExperimentConfig(objectives=("magic",))
+
+
+def test_local_command_carries_the_objective(tmp_path: Path) -> None:
+    cmd = local_command(ExperimentConfig(), Run("advantage", 4, 4, 0, "baseline+tis"), tmp_path)
+    args = build_parser().parse_args(cmd[3:])
+    assert (args.external_baseline, args.external_is_cap, args.external_min_logp) == ("receiver", 1.0, None)
+    assert args.diagnose_groups
+    filt = build_parser().parse_args(local_command(ExperimentConfig(), Run("uniform", 4, 4, 0, "filter"), tmp_path)[3:])
+    assert filt.external_min_logp == -5.0 and filt.external_is_cap == 0.0
+    off = config_from_args(build_parser().parse_args(["experiment", "--no-diagnose"]))
+    assert not off.diagnose
+
+
+def test_reference_split_is_not_the_baseline() -> None:
+    runs = [run("8/0", 0, [1.0]), run("16/0", 0, [3.0]), run("4/4", 0, [2.0])]
+    s = {x.split: x for x in summarize(runs, baseline_split="8/0")}
+    assert s["16/0"].ratio == pytest.approx(3.0) and s["4/4"].ratio == pytest.approx(2.0)
+    table = markdown_table(list(s.values()), reference_splits=("16/0",))
+    assert "| 16/0 (not equal compute) |" in table
+
+
+def test_sign_flip_and_paired_t_by_hand() -> None:
+    assert sign_flip_p([1.0, 2.0, 3.0]) == 0.125
+    assert sign_flip_p([1.0, -1.0]) == 0.75  # flips giving sum >= 0: ++, --(sum 0), -+ ... 3 of 4
+    assert sign_flip_p([-1.0, -2.0]) == 1.0
+    runs = [run("8/0", s, [1.0, 1.0]) for s in (0, 100, 200)]
+    runs += [run("4/4", 0, [1.5, 1.5]), run("4/4", 100, [1.2, 1.2]), run("4/4", 200, [1.1, 1.1])]
+    (t,) = paired_tests(runs, "8/0")
+    assert t.seeds == [0, 100, 200] and t.ratios == pytest.approx([1.5, 1.2, 1.1])
+    # diffs 1.0, 0.4, 0.2: mean 0.5333, sd 0.4163, t = 0.5333 / (0.4163 / sqrt 3) = 2.219, 2 df: p = 0.1567
+    assert t.mean_diff == pytest.approx(0.5333, abs=1e-3) and t.t_p == pytest.approx(0.1567, abs=1e-3)
+    assert t.sign_p == 0.125
+    assert "| uniform | 4/4 | 3 | 1.50, 1.20, 1.10 | 1.267 | 0.157 | 0.125 |" in paired_table([t])
+
+
+def test_node_diagnostics_average_rounds_that_used_both_sources() -> None:
+    both = {
+        "trained_sources": {
+            "local": {"completions": 8, "token_logp": -2.0, "weight": 1.0, "adv_share": 0.25},
+            "ext:a": {"completions": 8, "token_logp": -4.0, "weight": 0.5, "adv_share": 0.5},
+            "ext:b": {"completions": 24, "token_logp": -8.0, "weight": 0.1, "adv_share": 0.25},
+        },
+        "grad_local": 1.0, "grad_external": 3.0, "grad_cos": 0.5,
+    }  # fmt: skip
+    local_only = {"trained_sources": {"local": {"completions": 8, "token_logp": -1.0}}, "grad_local": 1.0}
+    d = node_diagnostics([both, local_only, {}])
+    assert d["token_logp_local"] == -2.0 and d["token_logp_external"] == pytest.approx(-7.0)  # (8*-4 + 24*-8) / 32
+    assert d["weight_external"] == pytest.approx(0.2) and d["adv_share_external"] == pytest.approx(0.75)
+    assert d["grad_share_external"] == pytest.approx(0.75) and d["grad_cos"] == 0.5
+    summary = summarize([RunResult("uniform", "4/4", 0, (NodeResult("p", "m", (0.1,), diagnostics=d),))])
+    assert "| uniform | 4/4 | -2.000 | -7.000 | 0.200 | 0.750 | 0.750 | 0.500 |" in diagnostics_table(summary)

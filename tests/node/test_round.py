@@ -254,6 +254,10 @@ def test_plain_round_publishes_one_batch_and_writes_a_consistent_record(make_nod
         assert len(g.completions) == len(g.rewards) == 4 and g.model_id == "tiny-s"
         verdict = verify_external(g, source_peer=node.peer_id)
         assert verdict.ok and verdict.reward_mismatches == 0
+        # the behaviour log-probability of each completion travels with it, for peers' off-policy weights
+        assert g.logprobs is not None and len(g.logprobs) == 4 and all(-1e6 <= x <= 0 for x in g.logprobs)
+        assert verdict.group is not None and verdict.group.behaviour_logprobs == g.logprobs
+        assert verdict.group.external and verdict.group.source_model == "tiny-s"
     local_rewards = [r for g in batch.groups for r in g.rewards]
     assert record.reward_mean == pytest.approx(sum(local_rewards) / len(local_rewards))
     # the collect window: descriptors younger than the TTL, at most collect_limit batches

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -53,6 +54,16 @@ def test_batch_round_trip() -> None:
     assert open_batch(seal_batch(batch, KEY)) == batch
 
 
+def test_claimed_logprobs_are_optional_and_round_trip() -> None:
+    batch = make_batch()
+    assert "logprobs" not in batch.to_wire()["groups"][0]  # a group without a claim sends no field
+    with_claims = RolloutBatch(
+        batch.publisher, batch.round, batch.created, tuple(replace(g, logprobs=(-0.5, -3.0, 0.0)) for g in batch.groups)
+    )
+    opened = open_batch(seal_batch(with_claims, KEY))
+    assert opened == with_claims and opened.groups[0].logprobs == (-0.5, -3.0, 0.0)
+
+
 def test_descriptor_round_trip_and_small() -> None:
     desc = make_descriptor()
     data = seal_descriptor(desc, KEY)
@@ -97,6 +108,13 @@ def test_size_cap_checked_before_decoding() -> None:
         (lambda w: w["groups"][0]["task"]["config"].update(digits=9), "config digest"),
         (lambda w: w["groups"][0].update(prompt="x" * (limits.MAX_TEXT_CHARS + 1)), "exceeds the limit"),
         (lambda w: w["groups"][0].update(completions=["a"] * (limits.MAX_COMPLETIONS + 1)), "exceeds"),
+        (lambda w: w["groups"][0].update(logprobs=[-1.0]), "one log-probability per completion"),
+        (lambda w: w["groups"][0].update(logprobs=[-1.0, 0.5, -2.0]), r"must be in \[-1e\+06, 0\]"),
+        (lambda w: w["groups"][0].update(logprobs=[-1.0, -2e6, -2.0]), r"must be in \[-1e\+06, 0\]"),
+        (lambda w: w["groups"][0].update(logprobs=[-1.0, float("-inf"), -2.0]), "finite"),
+        (lambda w: w["groups"][0].update(logprobs=[-1.0, True, -2.0]), "finite"),
+        (lambda w: w["groups"][0].update(logprobs="-1"), "wrong type"),
+        (lambda w: w["groups"][0].update(logprobs=[-1.0] * (limits.MAX_COMPLETIONS + 1)), "exceeds"),
     ],
 )
 def test_schema_is_strict(mutate, reason) -> None:  # type: ignore[no-untyped-def]
