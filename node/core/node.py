@@ -22,6 +22,7 @@ import torch
 from node.core import checkpoint
 from node.core import state as node_state
 from node.core.config import NodeConfig, NodeParts
+from node.core.credit import SourceCredit
 from node.core.ingest import SeenPeers, ingest
 from node.core.links import Exchange, Links, LinksFactory, Sync, hivemind_links
 from node.core.network import CollectJob, NetworkWorker
@@ -77,6 +78,7 @@ class Node:
         self.network: NetworkWorker | None = None
         self.pool: ExternalPool[TrainGroup] = ExternalPool(cfg.pool_capacity)
         self.sampler_rng = random.Random(cfg.seed)
+        self.credit = SourceCredit()
         self._tag = "------"
         self.metrics: MetricsWriter | None = None
         self.sync: Sync | None = None
@@ -103,7 +105,8 @@ class Node:
         model, tokenizer, model_id = load_model(self.cfg.model, seed=self.cfg.seed, device=device)
         self.policy = Policy(model, tokenizer, model_id, device)
         self.policy.stop = self.stop_event.is_set
-        self.trainer = GRPOTrainer(self.policy, self.parts.grpo, self.parts.offpolicy, self.cfg.diagnose_groups)
+        measure = self.cfg.diagnose_groups or self.cfg.sampling == "credit"  # credit is learned from the diagnostics
+        self.trainer = GRPOTrainer(self.policy, self.parts.grpo, self.parts.offpolicy, measure)
         names = self.cfg.tasks or tuple(BUILTIN_TASKS)
         self.families = {n: build_task(n) for n in names}
         self.task_mix = TaskMix(list(self.families.values()), seed=self.cfg.seed)
@@ -239,8 +242,11 @@ class Node:
             self._abort_round("collecting")
             return None
         useful = self.trainer.has_signal  # what "advantage" sampling prefers: groups that would move this policy
-        external = self.pool.take(self.cfg.external_groups, self.cfg.sampling, self.sampler_rng, useful)
+        order = self._credit_order if self.cfg.sampling == "credit" else None
+        external = self.pool.take(self.cfg.external_groups, self.cfg.sampling, self.sampler_rng, useful, order)
         stats = self.trainer.step(local + external)
+        if stats.get("alignment"):
+            self.credit.observe(stats["alignment"], {g.source_peer: g.source_model for g in external})
         n_dropped = int(stats.get("n_dropped", 0))
         phases = (t_gen - t0, t_collect - t_gen, time.monotonic() - t_collect)
         sync = self._maybe_sync()
@@ -307,10 +313,15 @@ class Node:
             grad_local=stats.get("grad_local"),
             grad_external=stats.get("grad_external"),
             grad_cos=stats.get("grad_cos"),
+            source_credit=self.credit.per_model() if self.cfg.sampling == "credit" else {},
         )
         assert self.metrics is not None
         self.metrics.write(RoundRecord.EVENT, **record.to_event())
         return record
+
+    def _credit_order(self, groups: list[TrainGroup]) -> list[int]:
+        """The ``credit`` policy's ranking of groups with signal (see :mod:`node.core.credit`)."""
+        return self.credit.rank([self.credit.score(g.source_peer, g.source_model) for g in groups], self.sampler_rng)
 
     def _log_progress(self, r: RoundRecord, sync: str) -> None:
         """The one line per round shown by default."""

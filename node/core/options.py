@@ -80,7 +80,12 @@ class NodeOptions:
     )  # fmt: skip
     temperature: float = option(1.0, "sampling temperature", inherit=True)
     lr: float | None = option(None, "learning rate (default: the model's: 1e-3 tiny, 2e-6 smollm2-135m)", inherit=True)
-    sampling: str = option("uniform", "external group choice: uniform or advantage", inherit=True)
+    sampling: str = option(
+        "uniform",
+        "external group choice: uniform, advantage (groups with signal first) or credit (then by what their sources "
+        "taught this node)",
+        inherit=True,
+    )
     external_min_logp: float | None = option(
         None, "likelihood filter: drop a peer's completion whose mean token log-prob here is below this (e.g. -5)",
         group=OFFPOLICY, inherit=True,

@@ -86,6 +86,7 @@ class RoundRecord:
     grad_local: float | None = None
     grad_external: float | None = None
     grad_cos: float | None = None
+    source_credit: dict[str, float] = field(default_factory=dict)
 
     EVENT = "round"
 

@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 from typing import Any, Protocol
 
+from node.core.credit import SourceCredit
 from node.core.links import Sync
 from node.observe.logs import CONTEXT
 from node.training.grpo import GRPOTrainer
@@ -21,6 +22,7 @@ class Checkpointable(Protocol):
     sync: Sync | None
     round: int
     sampler_rng: random.Random
+    credit: SourceCredit
 
     @property
     def run_dir(self) -> Path: ...
@@ -40,6 +42,12 @@ def capture(node: Checkpointable) -> dict[str, Any]:
         "optimizer": node.trainer.optimizer.state_dict(),
         "sync": None if node.sync is None else node.sync.state_dict(),
         "rng": node.sampler_rng.getstate(),
+        # what the node learned about its sources: its per-family expected reward and its credits
+        "learned": {
+            "baseline": dict(node.trainer.baseline.means),
+            "publishers": dict(node.credit.publishers),
+            "models": dict(node.credit.models),
+        },
     }
 
 
@@ -57,4 +65,10 @@ def restore(node: Checkpointable, state: dict[str, Any]) -> None:
     if node.sync is not None and state["sync"] is not None:
         node.sync.load_state_dict(state["sync"])
     node.sampler_rng.setstate(state["rng"])
+    learned = state.get("learned") or {}  # absent in checkpoints written before it existed
+    node.trainer.baseline.means.update(learned.get("baseline", {}))
+    for name in ("publishers", "models"):
+        table = getattr(node.credit, name)
+        for key, value in learned.get(name, {}).items():
+            table.fold(key, float(value), 0.0)
     node.round = CONTEXT.round = int(state["round"])

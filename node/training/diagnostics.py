@@ -36,6 +36,9 @@ class GroupLike(Protocol):
     def source_model(self) -> str: ...
 
 
+LOCAL = "local"
+
+
 def source_key(group: GroupLike) -> str:
     """The diagnostics key of a group's source: ``local`` or ``ext:<model>`` (the peer's claimed model)."""
     return f"ext:{group.source_model or 'unknown'}" if group.external else "local"
@@ -59,12 +62,32 @@ class _Source:
 
 @dataclass
 class StepDiagnostics:
-    """Accumulates one update's per-source numbers; :meth:`summary` gives the step's ``stats`` entries."""
+    """Accumulates one update's per-source numbers; :meth:`summary` gives the step's ``stats`` entries.
+
+    The trainer calls :meth:`boundary` with the running gradient before each new *unit* of chunks
+    (``local`` first, then one unit per publisher) and once at the end, so each unit's own gradient
+    is the difference of two snapshots; ``alignment`` is then each publisher's cosine with the local part.
+    """
 
     groups: Sequence[GroupLike]
     local_grad: Tensor | None = None
+    alignment: dict[str, float] = field(default_factory=dict)
+    _unit: str | None = None
+    _prev: Tensor | None = None
     _sources: dict[str, _Source] = field(default_factory=lambda: defaultdict(_Source))
     _grads: dict[str, float] = field(default_factory=dict)
+
+    def boundary(self, running: Tensor, next_unit: str | None) -> None:
+        """The running gradient where the chunks of ``self._unit`` end and those of ``next_unit`` begin."""
+        if self._unit is not None and self._prev is not None:
+            part = running - self._prev
+            if self._unit == LOCAL:
+                self.local_grad = part
+            elif self.local_grad is not None:
+                ln, pn = float(self.local_grad.norm()), float(part.norm())
+                if ln > 0 and pn > 0:
+                    self.alignment[self._unit] = float(torch.dot(self.local_grad, part)) / (ln * pn)
+        self._unit, self._prev = next_unit, running
 
     def add(self, chunk: Sequence[RowLike], logp: Tensor, mask: Tensor, weights: Tensor | None) -> None:
         """One micro-batch: its rows, their token log-probs before the update, mask and weights."""
@@ -80,8 +103,9 @@ class StepDiagnostics:
             src.adv_mass += abs(row.advantage) * wi
 
     def finish_grads(self, total: Tensor) -> None:
-        """The whole step's gradient: split into the local part (snapshot) and the external rest."""
-        local = self.local_grad if self.local_grad is not None else total
+        """The whole step's gradient: split into the local part and the external rest."""
+        self.boundary(total, None)
+        local = self.local_grad if self.local_grad is not None else torch.zeros_like(total)
         external = total - local
         ln, en = float(local.norm()), float(external.norm())
         cos = float(torch.dot(local, external)) / (ln * en) if ln > 0 and en > 0 else None

@@ -173,6 +173,7 @@ class Row:
     external: bool = False
     claimed_logp: float | None = None  # the publisher's sequence log-prob (external rows)
     source: str = "local"  # diagnostics key: "local" or "ext:<model>"
+    unit: str = "local"  # gradient unit: "local" or the publisher's peer id
 
 
 class GRPOTrainer:
@@ -180,8 +181,9 @@ class GRPOTrainer:
 
     External groups are handled as ``offpolicy`` says (:mod:`node.training.offpolicy`); with
     ``diagnose`` each step also reports, per source, the policy's log-probabilities of what it
-    trained on, the completions' weights and advantage mass, and the gradient norms of the local
-    and external parts (one copy of the gradient per step).
+    trained on, the completions' weights and advantage mass, the gradient norms of the local
+    and external parts, and (``alignment``) each publisher's gradient cosine with the local part
+    (a copy of the gradient per publisher trained on).
     """
 
     def __init__(
@@ -226,7 +228,8 @@ class GRPOTrainer:
             claims = g.behaviour_logprobs or (None,) * len(g.completions)
             key = source_key(g)
             for c, a, lp in zip(g.completions, self.advantages(g), claims, strict=True):
-                rows.append(Row(g.prompt, c, a, g.external, lp if g.external else None, key))
+                unit = g.source_peer if g.external else "local"
+                rows.append(Row(g.prompt, c, a, g.external, lp if g.external else None, key, unit))
         return rows
 
     def _norm(self, rows: Sequence[Row]) -> LossNorm:
@@ -261,9 +264,11 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         total, n_clipped = 0.0, 0
+        unit = None
         for k, chunk in enumerate(chunks):
-            if diag is not None and chunk[0].external and diag.local_grad is None:
-                diag.local_grad = flat_grad(params)  # local chunks come first: this is the local part's gradient
+            if diag is not None and chunk[0].unit != unit:  # chunks come unit by unit: local, then each publisher
+                unit = chunk[0].unit
+                diag.boundary(flat_grad(params), unit)
             logp, mask = self.policy.token_logprobs([r.prompt for r in chunk], [r.completion for r in chunk])
             old_logp = old[k] if old is not None else logp.detach()
             adv = torch.tensor([r.advantage for r in chunk], dtype=logp.dtype, device=logp.device)
@@ -300,11 +305,15 @@ class GRPOTrainer:
             logger.warning("skipped %d group(s) with a completion longer than the model's context", skipped)
         return kept, skipped
 
-    def _chunks(self, rows: Sequence[Row]) -> list[list[Row]]:
-        """Micro-batches, local rows first and never mixed with external ones (so their gradients can be told apart)."""
+    def _chunks(self, rows: Sequence[Row], by_unit: bool) -> list[list[Row]]:
+        """Micro-batches; ``by_unit``: local rows first, then one publisher at a time (so each part's gradient
+        can be told apart, at the cost of smaller batches)."""
         mb = self.cfg.micro_batch_size
+        units: dict[str, list[Row]] = {"local": []}
+        for r in rows:
+            units.setdefault(r.unit if by_unit else "all", []).append(r)
         chunks: list[list[Row]] = []
-        for part in ([r for r in rows if not r.external], [r for r in rows if r.external]):
+        for part in units.values():
             chunks += [part[i : i + mb] for i in range(0, len(part), mb)]
         return chunks
 
@@ -336,7 +345,7 @@ class GRPOTrainer:
         }  # fmt: skip
         if kept:
             rows = self._rows(kept)
-            chunks = self._chunks(rows)
+            chunks = self._chunks(rows, by_unit=self.diagnose)
             norm = self._norm(rows)
             old = self._fixed_logprobs(self.policy, chunks) if self.cfg.num_iterations > 1 else None
             ref = self._fixed_logprobs(self._ref, chunks) if self._ref is not None else None
@@ -349,5 +358,6 @@ class GRPOTrainer:
             stats["clip_frac"] = n_clipped / (norm.n_tokens * self.cfg.num_iterations)
             if diag is not None:
                 stats.update(diag.summary())
+                stats["alignment"] = dict(diag.alignment)
         stats["seconds"] = time.perf_counter() - t0
         return stats

@@ -189,3 +189,62 @@ def test_sequence_logprobs_match_the_token_logprobs_sum() -> None:
         logp, _ = p.token_logprobs([PROMPT] * 3, ["7", "12", ""])
     assert seq == pytest.approx(logp.sum(-1).tolist(), abs=1e-5)
     assert all(x < 0 for x in seq)
+
+
+# --- selection that learns: alignment measured per publisher, credit, the credit policy -------
+
+
+def ext(rewards: list[float], comps: list[str], peer: str, model: str = "tiny-m") -> TrainGroup:
+    return TrainGroup(PROMPT, tuple(comps), tuple(rewards), peer, "max", REF, external=True, source_model=model)
+
+
+def test_alignment_of_each_publisher_with_the_local_gradient() -> None:
+    """A peer's group teaching what this node's own group teaches aligns (cos 1); the opposite lesson is -1."""
+    trainer = GRPOTrainer(policy(), GRPOConfig(max_grad_norm=0.0), diagnose=True)
+    own = group([1.0, 0.0], ["7", "3"])
+    same, opposite = ext([1.0, 0.0], ["7", "3"], "peerA"), ext([0.0, 1.0], ["7", "3"], "peerB", "tiny-l")
+    stats = trainer.step([own, same, opposite])
+    assert stats["alignment"] == pytest.approx({"peerA": 1.0, "peerB": -1.0}, abs=1e-4)
+    assert set(stats["sources"]) == {"local", "ext:tiny-m", "ext:tiny-l"}
+
+
+def test_source_credit_learns_bounded_and_gives_fresh_keys_nothing() -> None:
+    from node.core.credit import MAX_PUBLISHERS, SourceCredit
+
+    credit = SourceCredit(momentum=0.5)
+    credit.observe({"good": 0.8, "bad": -0.6}, {"good": "tiny-m", "bad": "tiny-l"})
+    credit.observe({"good": 0.4, "bad": 5.0}, {"good": "tiny-m", "bad": "tiny-l"})  # a cosine is clipped to 1
+    assert credit.publishers["good"] == pytest.approx(0.6) and credit.publishers["bad"] == pytest.approx(0.2)
+    assert credit.score("good", "tiny-m") == pytest.approx(1.2)
+    assert credit.score("fresh-key", "new-model") == 0.0  # a minted key starts where every unknown source does
+    assert credit.per_model() == {"tiny-l": pytest.approx(0.2), "tiny-m": pytest.approx(0.6)}
+    for i in range(MAX_PUBLISHERS + 10):  # a flood of keys cannot grow it
+        credit.observe({f"k{i}": 0.1}, {})
+    assert len(credit.publishers) == MAX_PUBLISHERS and "good" not in credit.publishers
+
+
+def test_credit_policy_prefers_sources_that_taught_and_still_explores() -> None:
+    import random
+
+    from node.core.credit import SourceCredit
+    from node.core.pool import choose
+
+    credit = SourceCredit(explore=0.0)
+    credit.observe({"good": 0.9, "bad": -0.9}, {"good": "m1", "bad": "m2"})
+    pool = [ext([1.0, 0.0], ["1", "2"], "bad", "m2"), ext([0.0, 0.0], ["1", "2"], "good", "m1")]
+    pool += [ext([0.0, 1.0], ["1", "2"], "good", "m1"), ext([1.0, 0.0], ["1", "2"], "new", "m3")]
+
+    def order(groups: list[TrainGroup]) -> list[int]:
+        return credit.rank([credit.score(g.source_peer, g.source_model) for g in groups], random.Random(0))
+
+    for seed in range(5):  # the good source's informative group, then the unknown, never the uninformative one
+        assert choose(pool, 2, "credit", random.Random(seed), order=order) == [2, 3]
+        assert 1 not in choose(pool, 3, "credit", random.Random(seed), order=order)
+    explorer = SourceCredit(explore=1.0)
+    rng = random.Random(0)
+
+    def explore(groups: list[TrainGroup]) -> list[int]:
+        return explorer.rank([0.0] * len(groups), rng)
+
+    picks = {tuple(choose(pool, 1, "credit", random.Random(s), order=explore)) for s in range(20)}
+    assert picks == {(0,), (2,), (3,)}  # exploring reaches every informative group
