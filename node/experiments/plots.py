@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 
-from node.experiments.results import SplitSummary, smooth
+from node.experiments.results import SplitSummary, smooth, smooth_sparse
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +37,12 @@ def plot_reward_curves(summaries: Sequence[SplitSummary], path: Path, window: in
     """Mean reward vs round per split, band over seeds; one panel per sampling policy."""
     samplings = _samplings(summaries)
     colours = {sp: f"C{i}" for i, sp in enumerate(_splits(summaries))}
-    fig, axes = plt.subplots(1, len(samplings), figsize=(6.5 * len(samplings), 4.2), sharey=True, squeeze=False)
-    for ax, sampling in zip(axes[0], samplings, strict=True):
+    cols = min(len(samplings), 3)
+    rows = -(-len(samplings) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), sharey=True, squeeze=False)
+    for ax in axes.flat[len(samplings) :]:
+        ax.set_visible(False)
+    for ax, sampling in zip(axes.flat, samplings, strict=False):
         for s in (s for s in summaries if s.sampling == sampling):
             mean = smooth(s.curve_mean, window)
             std = smooth(s.curve_std, window)
@@ -53,7 +57,8 @@ def plot_reward_curves(summaries: Sequence[SplitSummary], path: Path, window: in
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
         ax.legend(title="local/external", fontsize=8)
-    axes[0][0].set_ylabel(f"mean local reward (moving avg {window})")
+    for row in axes:
+        row[0].set_ylabel(f"mean local reward (moving avg {window})")
     if title:
         fig.suptitle(title, fontsize=10)
     return _save(fig, path)
@@ -79,6 +84,39 @@ def plot_cumulative(summaries: Sequence[SplitSummary], path: Path, title: str = 
     ax.legend(title="sampling")
     if title:
         ax.set_title(title, fontsize=10)
+    return _save(fig, path)
+
+
+SOURCE_PANELS = {
+    "token_logp_external": "external completions: log-prob / token here",
+    "grad_share_external": "external share of the gradient norm",
+    "grad_cos": "cos(local, external gradient)",
+}
+
+
+def plot_sources(summaries: Sequence[SplitSummary], path: Path, window: int = 10, title: str = "") -> Path:
+    """What training used, per round, for every (policy, split) with diagnostics: one panel per quantity.
+
+    The first panel also shows the log-probability of the node's *own* completions (dashed, one line:
+    it hardly depends on the policy), the yardstick for how improbable peers' completions are here.
+    """
+    shown = [s for s in summaries if s.diagnostic_curves]
+    fig, axes = plt.subplots(1, len(SOURCE_PANELS), figsize=(6.0 * len(SOURCE_PANELS), 4.4), squeeze=False)
+    for ax, (key, name) in zip(axes[0], SOURCE_PANELS.items(), strict=True):
+        for k, s in enumerate(shown):
+            curve = s.diagnostic_curves.get(key, [])
+            if curve:
+                line = smooth_sparse(curve, window)
+                ax.plot(range(1, len(line) + 1), line, color=f"C{k}", label=f"{s.sampling} {s.split}")
+        if key == "token_logp_external" and shown and shown[0].diagnostic_curves.get("token_logp_local"):
+            local = smooth_sparse(shown[0].diagnostic_curves["token_logp_local"], window)
+            ax.plot(range(1, len(local) + 1), local, color="black", linestyle="--", label="own completions")
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
     return _save(fig, path)
 
 

@@ -43,6 +43,7 @@ class NodeResult:
     rejected: int = 0
     round_s: float = 0.0
     diagnostics: dict[str, float] = field(default_factory=dict)
+    diagnostic_curves: dict[str, list[float | None]] = field(default_factory=dict)
 
     @property
     def cumulative(self) -> float:
@@ -115,6 +116,19 @@ def smooth(values: Sequence[float], window: int) -> list[float]:
     return out
 
 
+def smooth_sparse(values: Sequence[float], window: int) -> list[float]:
+    """Trailing moving average over up to ``window`` values that skips NaN (NaN where the window has none).
+
+    >>> smooth_sparse([1.0, math.nan, 3.0, math.nan], 2)
+    [1.0, 1.0, 3.0, 3.0]
+    """
+    out = []
+    for i in range(len(values)):
+        seen = [v for v in values[max(0, i - window + 1) : i + 1] if not math.isnan(v)]
+        out.append(statistics.fmean(seen) if seen else math.nan)
+    return out
+
+
 def split_key(local: int, external: int) -> str:
     """The display name of a split: ``"I/J"``."""
     return f"{local}/{external}"
@@ -147,6 +161,7 @@ class SplitSummary:
     curve_std: list[float] = field(repr=False)
     per_model: dict[str, float] = field(default_factory=dict)
     diagnostics: dict[str, float] = field(default_factory=dict)
+    diagnostic_curves: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
 
 def _final(curve: Sequence[float], frac: float = 0.1) -> float:
@@ -187,7 +202,25 @@ def summarize_split(runs: Sequence[RunResult], baseline: float | None) -> SplitS
         curve_std=std_curves(curves),
         per_model=_per_model(runs),
         diagnostics=_mean_diagnostics(runs),
+        diagnostic_curves=_mean_diagnostic_curves(runs),
     )
+
+
+def _mean_diagnostic_curves(runs: Sequence[RunResult]) -> dict[str, list[float]]:
+    """Per round, each diagnostic averaged over the nodes and runs that report it that round (NaN: none)."""
+    out: dict[str, list[float]] = {}
+    for key in DIAGNOSTICS:
+        curves = [n.diagnostic_curves[key] for r in runs for n in r.nodes if key in n.diagnostic_curves]
+        if not curves:
+            continue
+        length = max(len(c) for c in curves)
+        values: list[list[float]] = [[] for _ in range(length)]
+        for c in curves:
+            for i, x in enumerate(c):
+                if x is not None:
+                    values[i].append(x)
+        out[key] = [statistics.fmean(v) if v else math.nan for v in values]
+    return out
 
 
 def _mean_diagnostics(runs: Sequence[RunResult]) -> dict[str, float]:
@@ -369,24 +402,31 @@ DIAGNOSTICS = {
 
 def node_diagnostics(rounds: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Means of :data:`DIAGNOSTICS` over the rounds (``round`` events) that trained on both sources."""
-    values: dict[str, list[float]] = {k: [] for k in DIAGNOSTICS}
+    curves = diagnostic_curves(rounds)
+    return {k: statistics.fmean(v) for k, c in curves.items() if (v := [x for x in c if x is not None])}
+
+
+def diagnostic_curves(rounds: Sequence[Mapping[str, Any]]) -> dict[str, list[float | None]]:
+    """:data:`DIAGNOSTICS` per round (None in rounds that did not train on both local and external groups)."""
+    values: dict[str, list[float | None]] = {k: [] for k in DIAGNOSTICS}
     for e in rounds:
+        for v in values.values():
+            v.append(None)
         sources = e.get("trained_sources") or {}
         local = sources.get("local")
         ext = [v for k, v in sources.items() if k.startswith("ext:")]
         if not local or not ext:
             continue
         n_ext = sum(v["completions"] for v in ext)
-        values["token_logp_local"].append(local["token_logp"])
-        values["token_logp_external"].append(sum(v["token_logp"] * v["completions"] for v in ext) / n_ext)
-        values["weight_external"].append(sum(v["weight"] * v["completions"] for v in ext) / n_ext)
-        values["adv_share_external"].append(sum(v["adv_share"] for v in ext))
+        values["token_logp_local"][-1] = local["token_logp"]
+        values["token_logp_external"][-1] = sum(v["token_logp"] * v["completions"] for v in ext) / n_ext
+        values["weight_external"][-1] = sum(v["weight"] * v["completions"] for v in ext) / n_ext
+        values["adv_share_external"][-1] = sum(v["adv_share"] for v in ext)
         gl, ge = e.get("grad_local"), e.get("grad_external")
         if gl is not None and ge is not None and gl + ge > 0:
-            values["grad_share_external"].append(ge / (gl + ge))
-        if e.get("grad_cos") is not None:
-            values["grad_cos"].append(e["grad_cos"])
-    return {k: statistics.fmean(v) for k, v in values.items() if v}
+            values["grad_share_external"][-1] = ge / (gl + ge)
+        values["grad_cos"][-1] = e.get("grad_cos")
+    return {k: v for k, v in values.items() if any(x is not None for x in v)}
 
 
 def diagnostics_table(summaries: Sequence[SplitSummary]) -> str:
@@ -417,6 +457,7 @@ def load_run(run_dir: Path, sampling: str, split: str, seed: int, wall_s: float 
                 rejected=sum(int(e.get("external_rejected", 0)) for e in rounds),
                 round_s=statistics.fmean(float(e["round_s"]) for e in rounds) if rounds else 0.0,
                 diagnostics=node_diagnostics(rounds),
+                diagnostic_curves=diagnostic_curves(rounds),
             )
         )
     return RunResult(sampling, split, seed, tuple(nodes), wall_s)
@@ -424,6 +465,7 @@ def load_run(run_dir: Path, sampling: str, split: str, seed: int, wall_s: float 
 
 def run_from_json(data: Mapping[str, Any]) -> RunResult:
     """Inverse of :meth:`RunResult.to_json` (derived fields are ignored)."""
-    keys = ("peer", "model", "external_groups", "trained_groups", "fetch_failed", "rejected", "round_s", "diagnostics")
+    keys: tuple[str, ...] = ("peer", "model", "external_groups", "trained_groups", "fetch_failed", "rejected")
+    keys += ("round_s", "diagnostics", "diagnostic_curves")
     nodes = tuple(NodeResult(curve=tuple(n["curve"]), **{k: n[k] for k in keys if k in n}) for n in data["nodes"])
     return RunResult(data["sampling"], data["split"], int(data["seed"]), nodes, float(data.get("wall_s", 0.0)))

@@ -225,7 +225,7 @@ def run_sweep(cfg: ExperimentConfig) -> SweepReport:
 
 def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path) -> None:
     """results.json, results.md and the PNG plots, from the finished runs."""
-    from node.experiments.plots import plot_cumulative, plot_reward_curves
+    from node.experiments.plots import plot_cumulative, plot_reward_curves, plot_sources
     from node.experiments.results import SAPO_REFERENCE
 
     order = labels(cfg)
@@ -254,3 +254,5 @@ def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path) ->
     write_atomic(out / "results.md", text)
     plot_reward_curves(summaries, out / "reward_curves.png", title=title)
     plot_cumulative(summaries, out / "cumulative.png", title=title)
+    if any(s.diagnostic_curves for s in summaries):
+        plot_sources(summaries, out / "sources.png", title=title)

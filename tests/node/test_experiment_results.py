@@ -184,10 +184,19 @@ def test_marker_is_atomic(tmp_path: Path) -> None:
 
 
 def test_plots_write_pngs(tmp_path: Path) -> None:
-    from node.experiments.plots import plot_cumulative, plot_reward_curves
+    from node.experiments.plots import plot_cumulative, plot_reward_curves, plot_sources
 
     s = summarize([run("8/0", 0, [0.1, 0.2, 0.3]), run("8/0", 1, [0.2, 0.2, 0.2]), run("4/4", 0, [0.3, 0.4, 0.5])])
-    for path in (plot_reward_curves(s, tmp_path / "a.png"), plot_cumulative(s, tmp_path / "b.png")):
+    curves: dict[str, list[float | None]] = {"token_logp_external": [None, -5.0, -4.0], "grad_cos": [0.1, None, 0.3]}
+    curves["token_logp_local"] = [-2.0, -1.5, None]
+    diag = RunResult("advantage", "4/4", 0, (NodeResult("p", "m", (0.1, 0.2, 0.3), diagnostic_curves=curves),))
+    (with_diag,) = summarize([diag])
+    assert with_diag.diagnostic_curves["grad_cos"][:1] == [0.1] and math.isnan(
+        with_diag.diagnostic_curves["grad_cos"][1]
+    )
+    pngs = [plot_reward_curves(s, tmp_path / "a.png"), plot_cumulative(s, tmp_path / "b.png")]
+    pngs.append(plot_sources([*s, with_diag], tmp_path / "c.png"))
+    for path in pngs:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
