@@ -224,7 +224,8 @@ class OuterSyncConfig:
         """Upper bound on one ``sync_now`` (catch-up included); see :mod:`swarm.sync.outer`."""
         d = self.dht_timeout_s
         round_s = self.matchmaking_timeout_s + self.allreduce_timeout_s + max(self.commit_timeout_s, d)
-        return round_s + self.state_timeout_s + self.ping_timeout_s + 6 * d + 1.0
+        # two ping rounds: the catch-up check's (trusted peers at this state) and the orphan check's
+        return round_s + self.state_timeout_s + 2 * self.ping_timeout_s + 6 * d + 1.0
 
 
 @dataclass

@@ -36,11 +36,12 @@ Time bound. All deadlines are absolute from ``w``, and ``w`` is at most the
 time this peer first read the join key, so a stalled or dead peer cannot
 push anyone's deadlines. One ``sync_now`` returns within
 
-    T_max = M + A + max(C, d) + S + P + 6 d   (+ local O(params) compute)
+    T_max = M + A + max(C, d) + S + 2 P + 6 d   (+ local O(params) compute)
 
 Counted with every DHT call taking its full d: the catch-up check refreshes
 and reads the state records (2 d), may ping the trusted peers that report
-this peer's own state (P), and, when it runs, downloads within S and
+this peer's own state (P), may ping trusted peers and strangers ahead to
+tell whether it is orphaned (P), and, when it runs, downloads within S and
 stores the new state record (d); the round's first join read (d) fixes w;
 from w: the window M, the all-reduce ends by ``w + M + A`` (a late group
 decision, with the join store, last group read and pings overrunning the
