@@ -9,7 +9,8 @@ from __future__ import annotations
 from node.core.checkpoint import CheckpointConfig
 from node.core.config import NodeConfig, NodeParts
 from node.core.ingest import IngestConfig
-from node.core.options import NodeOptions
+from node.core.options import NodeOptions, default_of
+from node.training.adapters import AdapterConfig, parse_targets
 from node.training.grpo import GRPOConfig
 from node.training.models import recommended_defaults
 from node.training.offpolicy import BASELINES, OffPolicyConfig
@@ -72,6 +73,7 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
         checkpoint=CheckpointConfig(every=opts.checkpoint_every, resume=opts.resume),
         ingest=IngestConfig(accept_tokens=opts.accept_tokens),
         offpolicy=offpolicy_config(opts),
+        adapter=adapter_config(opts),
     )
     return cfg, parts
 
@@ -87,3 +89,18 @@ def offpolicy_config(opts: NodeOptions) -> OffPolicyConfig:
     return OffPolicyConfig(
         min_token_logp=opts.external_min_logp, is_cap=opts.external_is_cap, baseline=opts.external_baseline
     )
+
+
+def adapter_config(opts: NodeOptions) -> AdapterConfig:
+    """The adapter options as the adapter's config; a bad value, or a ``--lora-*`` flag without
+    ``--adapter lora`` (it would do nothing), is one sentence naming the flag."""
+    if opts.adapter == "none":
+        for name in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"):
+            value = getattr(opts, name)
+            if value != default_of(NodeOptions, name):
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} {value} has no effect without --adapter lora; add --adapter lora or drop it")
+    return AdapterConfig(
+        kind=opts.adapter, rank=opts.lora_rank, alpha=opts.lora_alpha, dropout=opts.lora_dropout,
+        targets=parse_targets(opts.lora_targets),
+    )  # fmt: skip

@@ -12,6 +12,7 @@ from node.core.checkpoint import CheckpointConfig
 from node.core.ingest import IngestConfig
 from node.core.options import DEFAULT_IDENTITY, DEFAULT_MODEL
 from node.core.pool import SAMPLING_POLICIES
+from node.training.adapters import AdapterConfig
 from node.training.grpo import GRPOConfig
 from node.training.offpolicy import OffPolicyConfig
 from node.training.policy import GenerationConfig
@@ -112,3 +113,4 @@ class NodeParts:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
     offpolicy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)  # kind "none": every weight trains

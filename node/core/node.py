@@ -33,6 +33,7 @@ from node.observe.metrics import MetricsWriter
 from node.tasks.acceptance import Acceptance
 from node.tasks.registry import BUILTIN_TASKS, TaskItem, TaskMix, build_task
 from node.tasks.verify import TrainGroup, local_group
+from node.training.adapters import SHARED_BASE_SEED, attach_adapter
 from node.training.device import params_digest, resolve_device
 from node.training.grpo import GRPOTrainer
 from node.training.models import load_model
@@ -102,7 +103,12 @@ class Node:
         self._tag = CONTEXT.peer = short_id(self.peer_id)
         device = resolve_device(self.cfg.device)
         logger.info("start-up: loading model %s", self.cfg.model)
-        model, tokenizer, model_id = load_model(self.cfg.model, seed=self.cfg.seed, device=device)
+        adapter = self.parts.adapter
+        # a frozen base is shared: a built-in model's is the same init on every peer (see SHARED_BASE_SEED)
+        base_seed = SHARED_BASE_SEED if adapter.enabled else self.cfg.seed
+        model, tokenizer, model_id = load_model(self.cfg.model, seed=base_seed, device=device)
+        if adapter.enabled:
+            model = attach_adapter(model, adapter, seed=self.cfg.seed)
         self.policy = Policy(model, tokenizer, model_id, device)
         self.policy.stop = self.stop_event.is_set
         measure = self.cfg.diagnose_groups or self.cfg.sampling == "credit"  # credit is learned from the diagnostics
@@ -128,6 +134,7 @@ class Node:
             tasks=list(names),
             multiaddrs=self.links.multiaddrs(),
             params=sum(p.numel() for p in model.parameters()),
+            trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
         )
         if resumed is not None:
             self.metrics.write("resume", time=self.clock(), peer=self.peer_id, round=self.round, path=str(resumed))

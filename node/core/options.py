@@ -27,6 +27,7 @@ CHECKPOINTS = "checkpoints"
 DASHBOARD = "dashboard"
 NETWORK = "network"
 OFFPOLICY = "peers' completions in the loss (off-policy)"
+ADAPTER = "adapter (train a small add-on, the base model frozen)"
 
 
 def option(
@@ -101,6 +102,18 @@ class NodeOptions:
     diagnose_groups: bool = option(
         False, "record per round and source what training used (log-probs, weights, gradient shares)",
         group=OFFPOLICY, inherit=True,
+    )  # fmt: skip
+    adapter: str = option(
+        "none", "none (train every weight) or lora (train low-rank adapters on the frozen model: a fraction of the "
+        "memory; only the adapters are checkpointed and averaged)", group=ADAPTER, inherit=True,
+    )  # fmt: skip
+    lora_rank: int = option(16, "rank r of each adapter", group=ADAPTER, inherit=True)
+    lora_alpha: int = option(32, "adapter scale: its update is multiplied by alpha / r", group=ADAPTER, inherit=True)
+    lora_dropout: float = option(0.0, "dropout on the adapters' input in training passes", group=ADAPTER, inherit=True)
+    lora_targets: str = option(
+        "", "comma list of module names to adapt (default: the attention and MLP projections the model has: "
+        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj on Llama-family, c_attn,c_proj,c_fc on GPT-2)",
+        group=ADAPTER, inherit=True,
     )  # fmt: skip
     wait_network: bool = option(
         False, "each round waits for its own publish and collect (default: they run beside the rounds)", inherit=True

@@ -14,6 +14,7 @@
 
 Weights are always float32 (the optimiser's master copy); the policy computes
 in bfloat16 on a CUDA device that supports it (see :class:`node.training.policy.Policy`).
+With ``--adapter lora`` the frozen base is then stored in bfloat16 (see :mod:`node.training.adapters`).
 :func:`recommended_defaults` gives per-model generation and learning-rate
 defaults that the CLI uses for flags the user did not pass.
 """

@@ -19,7 +19,9 @@ own. A completion that leaves no room for even one prompt token raises
 the node's acceptance policy, and the trainer skips any that get through).
 Weights stay float32; on a CUDA device with bfloat16 support forward passes
 run under ``torch.autocast(bfloat16)`` (float32 master weights, so a small
-learning rate is not rounded away as it would be in pure bf16).
+learning rate is not rounded away as it would be in pure bf16). A model wrapped
+with an adapter (:mod:`node.training.adapters`) is used the same way: peft passes
+``position_ids``, ``past_key_values`` and ``logits_to_keep`` through to the base.
 """
 
 from __future__ import annotations

@@ -116,12 +116,16 @@ def from_bytes(data: bytes, n: int) -> torch.Tensor:
 
 
 def float_params(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The floating-point parameters that outer sync averages, in module order."""
-    return [p for _, p in module.named_parameters() if p.dtype.is_floating_point]
+    """The parameters that outer sync averages, in module order: the trainable floating-point ones.
+
+    Under full fine-tuning that is every floating-point parameter; with an adapter on a frozen base
+    only the adapter's (the base never moves, and peers of one fingerprint share it).
+    """
+    return [p for _, p in module.named_parameters() if p.dtype.is_floating_point and p.requires_grad]
 
 
 def flatten(module: torch.nn.Module) -> torch.Tensor:
-    """All floating-point parameters as one new float32 vector."""
+    """The averaged parameters (:func:`float_params`) as one new float32 vector."""
     with torch.no_grad():
         return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in float_params(module)])
 

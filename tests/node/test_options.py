@@ -98,7 +98,8 @@ def test_local_hands_children_every_inherited_option() -> None:
     opts = LocalOptions(
         task=("max", "min"), rounds=7, local_groups=3, external_groups=5, generations=4, max_new_tokens=2,
         temperature=0.5, lr=0.01, sampling="advantage", device="cpu", verbose=2, sync_every=3,
-        sync_compression="fp16", outer_lr=0.4, checkpoint_every=9, resume=True, swarm_id="s1",
+        sync_compression="fp16", outer_lr=0.4, checkpoint_every=9, resume=True, swarm_id="s1", adapter="lora",
+        lora_rank=8, lora_alpha=16, lora_dropout=0.1, lora_targets="q_proj,v_proj",
     )  # fmt: skip
     argv = node_args_to_list(argparse.Namespace(**dataclasses.asdict(opts)))
     child = build_parser().parse_args(["start", *argv])
