@@ -131,6 +131,9 @@ class Policy:
         # Never sample padding/bos/unk (they would vanish from the decoded text).
         banned = {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id} - {None, self.eos_id}
         self._banned = torch.tensor(sorted(banned), dtype=torch.long, device=self.device)
+        # Nor an id past the tokenizer's vocabulary: models pad their output layer (Qwen2.5: 151,936 logits
+        # for 151,665 tokens), and such an id decodes to nothing.
+        self.vocab_size: int = len(tokenizer)
         self.compute_dtype = default_compute_dtype(self.device) if compute_dtype == "auto" else compute_dtype
         self.max_length = context_length(model)
 
@@ -213,6 +216,7 @@ class Policy:
                 )  # fmt: skip
             logits = res.logits[:, -1, :].float()
             logits[:, self._banned] = float("-inf")
+            logits[:, self.vocab_size :] = float("-inf")
             nxt = sample_next(logits, cfg, gen).masked_fill(done, self.pad_id)
             out[:, step] = nxt
             done |= nxt == self.eos_id

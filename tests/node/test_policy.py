@@ -145,3 +145,16 @@ def test_token_logprobs_match_manual_gather(policy: Policy) -> None:
         manual = _manual_logprobs(policy, p, c)
         assert torch.allclose(logp[i, : len(manual)].detach(), manual, atol=1e-5)
         assert torch.all(logp[i, len(manual) :] == 0)
+
+
+def test_never_samples_an_id_past_the_tokenizers_vocabulary() -> None:
+    """A padded output layer (more logits than tokens, as Qwen2.5's) must not yield undecodable ids."""
+    model, tok, model_id = load_model("tiny-s", seed=0, device="cpu")
+    n = len(tok)
+    model.resize_token_embeddings(n + 32)
+    bonus = torch.zeros(n + 32)
+    bonus[n:] = 100.0  # the padded ids would win every draw
+    model.get_output_embeddings().register_forward_hook(lambda module, args, out: out + bonus)
+    policy = Policy(model, tok, model_id)
+    comps = policy.generate(["max 1234="], 16, GenerationConfig(max_new_tokens=3), seed=0)[0]
+    assert all(comps), "an id past the vocabulary decodes to nothing"
