@@ -1,4 +1,4 @@
-"""Round time and memory of one real SmolLM2-135M node over many rounds (CPU).
+"""Round time and memory of one real-LM node over many rounds (CPU): full fine-tuning or an adapter.
 
 Runs ``swarm-node start --model smollm2-135m`` as a subprocess on reasoning-gym
 tasks and samples the node process's resident memory (``VmRSS``) and its peak
@@ -7,6 +7,12 @@ are those of the real program, not of a test harness. Prints one line per
 round and a JSON summary; a steady RSS after the first rounds means no leak.
 
     .venv/bin/python bench/bench_smollm2_memory.py --rounds 24 --threads 2
+
+``--train-every-round`` runs the model side in-process and trains every round (rewards alternate
+1/0), so the peak holds gradients and optimiser state every time; ``--adapter lora`` trains a LoRA
+adapter on the frozen base instead of every weight; ``--model`` takes ``smollm2-135m`` or a local
+HF folder (e.g. one written by ``bench/make_shaped_model.py``: a Qwen2.5-0.5B-shaped model with
+random weights, since no hub is reachable here).
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ def proc_memory_mb(pid: int) -> tuple[float, float]:
 
 def node_command(args: argparse.Namespace, tmp: Path) -> list[str]:
     """The command line of the measured node."""
-    cmd = [sys.executable, "-m", "node", "start", "--model", "smollm2-135m", "--rounds", str(args.rounds)]
+    cmd = [sys.executable, "-m", "node", "start", "--model", args.model, "--rounds", str(args.rounds)]
+    cmd += ["--adapter", args.adapter]
     cmd += ["--local", str(args.local), "--generations", str(args.generations), "--external", "0"]
     cmd += ["--max-new-tokens", str(args.max_new_tokens), "--max-threads", str(args.threads)]
     cmd += ["--identity", str(tmp / "id.key"), "--log-dir", str(tmp / "runs"), "--host-port", "127.0.0.1:0"]
@@ -103,14 +110,18 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--train-every-round", action="store_true", help="in-process loop that trains every round")
+    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m or a local HF model folder")
+    p.add_argument("--adapter", default="none", choices=("none", "lora"), help="train every weight or a LoRA adapter")
+    p.add_argument("--lr", type=float, default=2e-6, help="learning rate (in-process loop)")
     args = p.parse_args()
     if args.train_every_round:
-        train_loop(args.rounds, args.local * args.generations, args.max_new_tokens)
+        summary = train_loop(args)
+        print(json.dumps({"summary": summary}), flush=True)
         return
     print(json.dumps({"summary": measure(args)}), flush=True)
 
 
-def train_loop(rounds: int, rows: int, max_new_tokens: int) -> None:
+def train_loop(args: argparse.Namespace) -> dict[str, Any]:
     """In-process: generate, then always train (rewards alternate 1/0), printing RSS after each round.
 
     Isolates the model side (sampling, GRPO step, AdamW state) from rewards: every round trains.
@@ -121,19 +132,26 @@ def train_loop(rounds: int, rows: int, max_new_tokens: int) -> None:
 
     from node.tasks.registry import build_task
     from node.tasks.verify import TrainGroup
+    from node.training.adapters import AdapterConfig, attach_adapter
     from node.training.grpo import GRPOConfig, GRPOTrainer
     from node.training.models import load_model
     from node.training.policy import GenerationConfig, Policy
 
-    torch.set_num_threads(1)
-    model, tok, mid = load_model("smollm2-135m", seed=0, device="cpu")
+    torch.set_num_threads(args.threads)
+    t_start = time.monotonic()
+    model, tok, mid = load_model(args.model, seed=0, device="cpu")
+    if args.adapter != "none":
+        model = attach_adapter(model, AdapterConfig(kind=args.adapter), seed=0)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     policy = Policy(model, tok, mid)
-    trainer = GRPOTrainer(policy, GRPOConfig(learning_rate=2e-6, micro_batch_size=8))
-    fam, g = build_task("rg:chain_sum"), 4
-    for r in range(1, rounds + 1):
+    trainer = GRPOTrainer(policy, GRPOConfig(learning_rate=args.lr, micro_batch_size=8))
+    fam, g = build_task("rg:chain_sum"), args.generations
+    rows: list[dict[str, Any]] = []
+    for r in range(1, args.rounds + 1):
         t0 = time.monotonic()
-        items = [fam.item(0, r * 1000 + i) for i in range(rows // g)]
-        comps = policy.generate([it.prompt for it in items], g, GenerationConfig(max_new_tokens=max_new_tokens), seed=r)
+        items = [fam.item(0, r * 1000 + i) for i in range(args.local)]
+        gen = GenerationConfig(max_new_tokens=args.max_new_tokens)
+        comps = policy.generate([it.prompt for it in items], g, gen, seed=r)
         rewards = tuple(float(i % 2) for i in range(g))
         groups = [
             TrainGroup(it.prompt, tuple(c), rewards, "self", fam.name, it.ref)
@@ -141,8 +159,12 @@ def train_loop(rounds: int, rows: int, max_new_tokens: int) -> None:
         ]
         stats = trainer.step(groups)
         rss, hwm = proc_memory_mb(os.getpid())
-        row = {"round": r, "round_s": round(time.monotonic() - t0, 1), "trained": stats["n_groups"]}
-        print(json.dumps({**row, "rss_mb": round(rss), "peak_mb": round(hwm)}), flush=True)
+        row = {"round": r, "round_s": round(time.monotonic() - t0, 1), "trained_groups": stats["n_groups"]}
+        rows.append({**row, "rss_mb": round(rss), "peak_mb": round(hwm), "reward_mean": 0.5})
+        print(json.dumps(rows[-1]), flush=True)
+    params = sum(p.numel() for p in model.parameters())
+    return {"model": mid, "adapter": args.adapter, "params": params, "trainable": trainable,
+            **summarise(rows, time.monotonic() - t_start)}  # fmt: skip
 
 
 if __name__ == "__main__":

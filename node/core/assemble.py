@@ -35,6 +35,8 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
         diagnose_groups=opts.diagnose_groups,
     )  # fmt: skip
     rec = recommended_defaults(opts.model)
+    if opts.micro_batch < 0:
+        raise ValueError(f"--micro-batch {opts.micro_batch}: use 0 (the model's default) or a positive count, e.g. 2")
     if opts.sync_every < 0:
         raise ValueError(f"--sync-every {opts.sync_every}: use 0 (off) or a positive number of rounds")
     if not (opts.sync_period == 0 or opts.sync_period >= 1):
@@ -68,7 +70,11 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
         membership=membership,
         exchange=ExchangeConfig(),
         generation=generation,
-        grpo=GRPOConfig(learning_rate=learning_rate, micro_batch_size=rec.micro_batch_size),
+        grpo=GRPOConfig(
+            learning_rate=learning_rate,
+            micro_batch_size=opts.micro_batch or rec.micro_batch_size,
+            gradient_checkpointing=opts.gradient_checkpointing,
+        ),
         sync=sync,
         checkpoint=CheckpointConfig(every=opts.checkpoint_every, resume=opts.resume),
         ingest=IngestConfig(accept_tokens=opts.accept_tokens),

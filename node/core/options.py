@@ -99,6 +99,12 @@ class NodeOptions:
         "group", "baseline of peers' groups: group (their mean) or receiver (this node's mean reward on the family)",
         group=OFFPOLICY, inherit=True,
     )  # fmt: skip
+    gradient_checkpointing: bool = option(
+        False,
+        "recompute activations in the backward pass: less memory for a real LM, ~1/3 more training time",
+        inherit=True,
+    )
+    micro_batch: int = option(0, "completions per forward/backward pass (0: the model's default)", inherit=True)
     diagnose_groups: bool = option(
         False, "record per round and source what training used (log-probs, weights, gradient shares)",
         group=OFFPOLICY, inherit=True,

@@ -22,7 +22,7 @@ from node.core.node import Node
 from node.core.options import NodeOptions
 from node.tasks.verify import TrainGroup
 from node.training.adapters import AdapterConfig, adapter_identity, attach_adapter
-from node.training.grpo import GRPOTrainer
+from node.training.grpo import GRPOConfig, GRPOTrainer
 from node.training.models import load_model
 from node.training.policy import GenerationConfig, Policy
 from protocol.schema import TaskRef
@@ -62,8 +62,8 @@ def groups() -> list[TrainGroup]:
     return [TrainGroup("max 1234=", ("4", "1", "2", "3"), (1.0, 0.0, 0.0, 0.0), "peer", "max", REF)]
 
 
-def train(policy: Policy, steps: int = 2) -> GRPOTrainer:
-    trainer = GRPOTrainer(policy)
+def train(policy: Policy, steps: int = 2, checkpointing: bool = False) -> GRPOTrainer:
+    trainer = GRPOTrainer(policy, GRPOConfig(gradient_checkpointing=checkpointing))
     for _ in range(steps):  # two steps: LoRA's B starts at 0, so A only gets a gradient from the second on
         assert trainer.step(groups())["n_groups"] == 1
     return trainer
@@ -72,14 +72,14 @@ def train(policy: Policy, steps: int = 2) -> GRPOTrainer:
 # ---- what trains ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["tiny-s", "tiny-gpt2"])
-def test_a_grpo_step_moves_only_the_adapters(name: str) -> None:
+@pytest.mark.parametrize("name, checkpointing", [("tiny-s", False), ("tiny-gpt2", False), ("tiny-s", True)])
+def test_a_grpo_step_moves_only_the_adapters(name: str, checkpointing: bool) -> None:
     policy = adapted(name)
     model = policy.model
     base, lora = base_params(model), adapter_params(model)
     assert lora and all("lora_" in n for n in lora) and all("lora_" not in n for n in base)
     assert all(p.dtype == torch.float32 for p in lora.values())  # CPU: the base stays float32 too
-    trainer = train(policy)
+    trainer = train(policy, checkpointing=checkpointing)
     assert sum(p.numel() for g in trainer.optimizer.param_groups for p in g["params"]) == sum(
         p.numel() for p in lora.values()
     )

@@ -206,3 +206,25 @@ def test_multiple_iterations_and_kl_run() -> None:
     stats = GRPOTrainer(policy, cfg).step([_group([1.0, 0.0, 0.0, 1.0], ["1", "2", "3", "4"])])
     assert stats["n_completions"] == 4 and math.isfinite(stats["loss"])
     assert 0.0 <= stats["clip_frac"] <= 1.0
+
+
+def test_gradient_checkpointing_gives_the_same_gradients_and_leaves_eval_mode() -> None:
+    groups = [_group([1.0, 0.0, 0.0], ["9", "12", "x y"]), _group([0.0, 1.0], ["", "5"], prompt="min 5678=")]
+    grads = []
+    for ckpt in (False, True):
+        policy = _policy(seed=3)
+        trainer = GRPOTrainer(policy, GRPOConfig(max_grad_norm=0.0, gradient_checkpointing=ckpt))
+        captured: list[torch.Tensor] = []
+        step = trainer.optimizer.step
+        params = list(policy.model.parameters())
+
+        def capture(*a: Any, _step: Any = step, _out: list = captured, _ps: list = params, **k: Any) -> Any:  # type: ignore[type-arg]
+            _out.extend(p.grad.clone() for p in _ps if p.grad is not None)
+            return _step(*a, **k)
+
+        trainer.optimizer.step = capture  # type: ignore[method-assign]
+        trainer.step(groups)
+        assert not policy.model.training  # generation keeps eval mode
+        grads.append(captured)
+    assert len(grads[0]) == len(grads[1]) > 0
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads, strict=True))
