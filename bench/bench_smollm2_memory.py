@@ -48,7 +48,9 @@ def proc_memory_mb(pid: int) -> tuple[float, float]:
 def node_command(args: argparse.Namespace, tmp: Path) -> list[str]:
     """The command line of the measured node."""
     cmd = [sys.executable, "-m", "node", "start", "--model", args.model, "--rounds", str(args.rounds)]
-    cmd += ["--adapter", args.adapter]
+    cmd += ["--adapter", args.adapter, "--micro-batch", str(args.micro_batch)]
+    if args.gradient_checkpointing:
+        cmd.append("--gradient-checkpointing")
     cmd += ["--local", str(args.local), "--generations", str(args.generations), "--external", "0"]
     cmd += ["--max-new-tokens", str(args.max_new_tokens), "--max-threads", str(args.threads)]
     cmd += ["--identity", str(tmp / "id.key"), "--log-dir", str(tmp / "runs"), "--host-port", "127.0.0.1:0"]
@@ -113,6 +115,8 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m or a local HF model folder")
     p.add_argument("--adapter", default="none", choices=("none", "lora"), help="train every weight or a LoRA adapter")
     p.add_argument("--lr", type=float, default=2e-6, help="learning rate (in-process loop)")
+    p.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward pass")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
     args = p.parse_args()
     if args.train_every_round:
         summary = train_loop(args)
@@ -144,7 +148,8 @@ def train_loop(args: argparse.Namespace) -> dict[str, Any]:
         model = attach_adapter(model, AdapterConfig(kind=args.adapter), seed=0)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     policy = Policy(model, tok, mid)
-    trainer = GRPOTrainer(policy, GRPOConfig(learning_rate=args.lr, micro_batch_size=8))
+    grpo = GRPOConfig(args.lr, micro_batch_size=args.micro_batch, gradient_checkpointing=args.gradient_checkpointing)
+    trainer = GRPOTrainer(policy, grpo)
     fam, g = build_task("rg:chain_sum"), args.generations
     rows: list[dict[str, Any]] = []
     for r in range(1, args.rounds + 1):
@@ -164,6 +169,7 @@ def train_loop(args: argparse.Namespace) -> dict[str, Any]:
         print(json.dumps(rows[-1]), flush=True)
     params = sum(p.numel() for p in model.parameters())
     return {"model": mid, "adapter": args.adapter, "params": params, "trainable": trainable,
+            "micro_batch": args.micro_batch, "gradient_checkpointing": args.gradient_checkpointing,
             **summarise(rows, time.monotonic() - t_start)}  # fmt: skip
 
 
