@@ -232,6 +232,7 @@ def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path) ->
     shared = share_baseline(results, order)
     summaries = summarize(shared, order=order, baseline_split=cfg.baseline_split)
     tests = paired_tests(shared, cfg.baseline_split, order) if cfg.baseline_split else []
+    tests = [t for t in tests if parse_split(t.split)[1] != 0 or t.sampling == order[0]]
     data = {
         "config": cfg.to_json(),
         "reference": SAPO_REFERENCE,
@@ -242,15 +243,17 @@ def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path) ->
     write_atomic(out / "results.json", json.dumps(data))
     title = f"{cfg.nodes} nodes, {cfg.rounds} rounds, {cfg.generations} completions/question, tasks: "
     title += ",".join(cfg.tasks) or "all"
-    table = markdown_table(summaries, reference_splits=cfg.reference_splits)
+    # a no-sharing split is the same runs under every policy: its rows once, under the first policy
+    shown = [s for s in summaries if parse_split(s.split)[1] != 0 or s.sampling == order[0]]
+    table = markdown_table(shown, reference_splits=cfg.reference_splits)
     text = f"# Experiment results\n\n{title}\n\n{table}\n\nCumulative reward per model:\n\n"
-    text += per_model_table(summaries) + "\n"
+    text += per_model_table(shown) + "\n"
     if tests:
         text += f"\nPaired over seeds, each run against the {cfg.baseline_split} run of its seed:\n\n"
         text += paired_table(tests) + "\n"
     if any(s.diagnostics for s in summaries):
         text += "\nWhat training used (means over node-rounds that trained on both sources):\n\n"
-        text += diagnostics_table(summaries) + "\n"
+        text += diagnostics_table(shown) + "\n"
     write_atomic(out / "results.md", text)
     plot_reward_curves(summaries, out / "reward_curves.png", title=title)
     plot_cumulative(summaries, out / "cumulative.png", title=title)
