@@ -40,7 +40,9 @@ class NodeConfig:
         default=4, metadata={"help": "J: external groups trained on per round; 0 isolates the node."}
     )
     num_generations: int = field(default=8, metadata={"help": "G: completions generated per question."})
-    sampling: str = field(default="uniform", metadata={"help": "External group choice: uniform, advantage or credit."})
+    sampling: str = field(
+        default="advantage", metadata={"help": "External group choice: uniform, advantage or credit."}
+    )
     pool_capacity: int = field(default=64, metadata={"help": "Most verified external groups kept waiting."})
     collect_limit: int = field(default=8, metadata={"help": "Most peer batches fetched per round."})
     share: bool = field(default=True, metadata={"help": "Publish local rollouts for other peers."})

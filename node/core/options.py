@@ -82,7 +82,7 @@ class NodeOptions:
     temperature: float = option(1.0, "sampling temperature", inherit=True)
     lr: float | None = option(None, "learning rate (default: the model's: 1e-3 tiny, 2e-6 smollm2-135m)", inherit=True)
     sampling: str = option(
-        "uniform",
+        "advantage",
         "external group choice: uniform, advantage (groups with signal first) or credit (then by what their sources "
         "taught this node)",
         inherit=True,
@@ -96,7 +96,7 @@ class NodeOptions:
         group=OFFPOLICY, inherit=True,
     )  # fmt: skip
     external_baseline: str = option(
-        "group", "baseline of peers' groups: group (their mean) or receiver (this node's mean reward on the family)",
+        "receiver", "baseline of peers' groups: group (their mean) or receiver (this node's mean reward on the family)",
         group=OFFPOLICY, inherit=True,
     )  # fmt: skip
     gradient_checkpointing: bool = option(

@@ -100,7 +100,8 @@ def test_config_validation(bad: dict[str, Any]) -> None:
 
 
 def test_presets() -> None:
-    assert OffPolicyConfig.preset("plain") == OffPolicyConfig()
+    assert OffPolicyConfig.preset("plain") == OffPolicyConfig(baseline="group")  # SAPO's GRPO
+    assert OffPolicyConfig.preset("baseline") == OffPolicyConfig()  # the measured default
     assert OffPolicyConfig.preset("baseline+tis") == OffPolicyConfig(baseline="receiver", is_cap=1.0)
     with pytest.raises(ValueError, match="use one of"):
         OffPolicyConfig.preset("magic")
@@ -159,7 +160,7 @@ def test_receiver_baseline_gives_an_all_correct_peer_group_signal() -> None:
     assert trainer.baseline.get("max") == 0.0
     assert trainer.has_signal(peer_all_right) and trainer.advantages(peer_all_right) == pytest.approx([2.0, 2.0])
     assert stats["n_groups"] == 1 and stats["n_dropped"] == 1  # its own all-wrong group has none
-    assert not GRPOTrainer(p).has_signal(peer_all_right)  # plain GRPO: still none
+    assert not GRPOTrainer(p, offpolicy=OffPolicyConfig(baseline="group")).has_signal(peer_all_right)  # plain GRPO
     local_all_right = group([1.0, 1.0], ["7", "7"])
     assert not trainer.has_signal(local_all_right)  # own groups keep the group baseline
 

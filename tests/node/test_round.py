@@ -31,6 +31,7 @@ from node.tasks import reasoning_gym as rg
 from node.tasks.registry import UnknownTask, build_task, rollout_group
 from node.tasks.verify import RejectReason, TrainGroup, verify_external
 from node.training.device import params_digest
+from node.training.offpolicy import OffPolicyConfig
 from node.training.policy import GenerationConfig
 from protocol import Descriptor, RolloutBatch, RolloutGroup, short_id
 from swarm.exchange import BatchRejection, CollectResult, Refusal
@@ -363,7 +364,8 @@ def test_isolated_node_never_collects(make_node: NodeMaker, tmp_path: Path) -> N
 
 def test_zero_advantage_groups_are_dropped(make_node: NodeMaker, tmp_path: Path) -> None:
     h = Harness()
-    node = make_node(h, external_groups=3)
+    # GRPO's group baseline for peers' groups too (the receiver baseline gives an all-wrong one a signal)
+    node = make_node(h, NodeParts(offpolicy=OffPolicyConfig(baseline="group")), external_groups=3)
     p1, p2 = peer_ids(tmp_path, 2)
     h.exchange.queued.append(
         CollectResult([accepted(p1, [zero_adv(1), informative(2)]), accepted(p2, [zero_adv(3)])], [], 2, 0.0)
