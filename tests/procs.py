@@ -27,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
@@ -194,6 +195,21 @@ class Proc(Group):
                 self.popen.stdin.close()
 
 
+def stop_signals_as_from_a_shell() -> None:
+    """Let children start with SIGINT and SIGTERM neither ignored nor blocked, as a shell starts them.
+
+    A child inherits this process's ignored set and this thread's blocked mask; a library that
+    left SIGINT ignored or blocked here would make a signal sent to a child before its handlers
+    are up vanish, and the start-up signal tests fail for a reason that is not the node's.
+    """
+    with suppress(OSError, ValueError):
+        status = Path(f"/proc/self/task/{threading.get_native_id()}/status").read_text()
+        ignored = int(next(x for x in status.splitlines() if x.startswith("SigIgn")).split()[1], 16)
+        if ignored & (1 << (signal.SIGINT - 1)) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 class Procs:
     """The process groups of one fixture; :meth:`reap` ends them all (also on leaving a ``with`` block)."""
 
@@ -218,6 +234,7 @@ class Procs:
         """
         log = log or self.root / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        stop_signals_as_from_a_shell()
         with open(log, "w") as out:  # the child keeps its own copy of the descriptor
             popen = subprocess.Popen(
                 list(cmd),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -116,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(getattr(importlib.import_module(module), func)(args))
         # before the heavy imports: a KeyboardInterrupt raised inside one can be swallowed by a library
         signals = args.stop_signals = install_stop_handlers(threading.Event(), starting=args.command != "local")
+        # a child inherits its parent's signal mask: started with SIGINT/SIGTERM blocked (by a parent that
+        # shields its own children, say) this node could never be stopped; a signal pending meanwhile is
+        # delivered now, to the handlers just installed
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             return int(getattr(importlib.import_module(module), func)(args))
         finally:

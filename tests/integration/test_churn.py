@@ -35,6 +35,15 @@ def _node(procs: Procs, name: str, key: Path, *extra: str, command: str = "start
     return procs.start(name, [*cmd, "--host-port", "127.0.0.1:0", *SHORT, *extra])
 
 
+def _signal_masks(pid: int) -> str:
+    """The child's blocked and ignored signal masks (/proc), as inherited from this process."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return "gone"
+    return " ".join(line.replace("\t", "") for line in lines if line.startswith(("SigBlk", "SigIgn")))
+
+
 def _group_gone(pid: int) -> bool:
     """No process of the node's session is left (p2pd and the DHT child included)."""
     try:
@@ -91,11 +100,15 @@ def test_signal_at_each_startup_stage_exits_within_the_bound(procs: Procs, stage
     key = procs.root / "n.key"
     load_or_create(key)
     node = _node(procs, "n", key, "--rounds", "0", "-v")
+    masks = _signal_masks(node.pid)  # what the child inherited, for the failure message
     if stage != "spawned":
         wait_for(lambda: stage in node.output(), 60, f"stage {stage!r}", poll=0.01, watch=[node])
     t0 = time.monotonic()
     node.signal(sig)  # the whole group, as Ctrl-C in a terminal: hivemind's children get it too
-    code = node.wait(SIGNAL_BOUND_S)
+    try:
+        code = node.wait(SIGNAL_BOUND_S)
+    except AssertionError as e:
+        raise AssertionError(f"signal masks of the child at spawn: {masks}; {e}") from None
     wait_for(lambda: _group_gone(node.pid), 5, "the node's children to exit")
     took = time.monotonic() - t0
     print(f"{signal.Signals(sig).name} at {stage!r}: exit {code} after {took:.2f}s")
