@@ -176,26 +176,31 @@ def test_trainer_step_moves_probability_towards_rewarded_completion() -> None:
     assert after[1, 0] < before[1, 0]  # "3" was not
 
 
+def _step_gradients(trainer: GRPOTrainer, groups: list[TrainGroup]) -> list[torch.Tensor]:
+    """The gradients of one trainer step, captured at the optimiser step (the trainer frees them after it).
+
+    Gradients, not weights, are compared: Adam's first step is ~lr * sign(grad), which amplifies rounding noise.
+    """
+    captured: list[torch.Tensor] = []
+    step = trainer.optimizer.step
+    params = list(trainer.policy.model.parameters())
+
+    def capture(*a: Any, **k: Any) -> Any:
+        captured.extend(p.grad.clone() for p in params if p.grad is not None)
+        return step(*a, **k)
+
+    trainer.optimizer.step = capture  # type: ignore[method-assign]
+    trainer.step(groups)
+    return captured
+
+
 def test_micro_batching_gives_the_same_update() -> None:
     groups = [_group([1.0, 0.0, 0.0], ["9", "12", "x y"]), _group([0.0, 1.0], ["", "5"], prompt="min 5678=")]
     grads = []
     for mb in (1, 64):
         policy = _policy(seed=3)
         trainer = GRPOTrainer(policy, GRPOConfig(micro_batch_size=mb, max_grad_norm=0.0))
-        # compare gradients (captured at the optimiser step; the trainer frees them after it):
-        # Adam's first step is ~lr * sign(grad), which amplifies rounding noise
-        captured: list[torch.Tensor] = []
-        step = trainer.optimizer.step
-
-        params = list(policy.model.parameters())
-
-        def capture(*a: Any, _step: Any = step, _out: list = captured, _ps: list = params, **k: Any) -> Any:  # type: ignore[type-arg]
-            _out.extend(p.grad.clone() for p in _ps if p.grad is not None)
-            return _step(*a, **k)
-
-        trainer.optimizer.step = capture  # type: ignore[method-assign]
-        trainer.step(groups)
-        grads.append(captured)
+        grads.append(_step_gradients(trainer, groups))
     assert len(grads[0]) == len(grads[1]) > 0
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(*grads, strict=True))
 
@@ -214,17 +219,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_leaves_eval_mode() 
     for ckpt in (False, True):
         policy = _policy(seed=3)
         trainer = GRPOTrainer(policy, GRPOConfig(max_grad_norm=0.0, gradient_checkpointing=ckpt))
-        captured: list[torch.Tensor] = []
-        step = trainer.optimizer.step
-        params = list(policy.model.parameters())
-
-        def capture(*a: Any, _step: Any = step, _out: list = captured, _ps: list = params, **k: Any) -> Any:  # type: ignore[type-arg]
-            _out.extend(p.grad.clone() for p in _ps if p.grad is not None)
-            return _step(*a, **k)
-
-        trainer.optimizer.step = capture  # type: ignore[method-assign]
-        trainer.step(groups)
+        grads.append(_step_gradients(trainer, groups))
         assert not policy.model.training  # generation keeps eval mode
-        grads.append(captured)
     assert len(grads[0]) == len(grads[1]) > 0
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads, strict=True))
