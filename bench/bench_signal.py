@@ -86,30 +86,44 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--family", action="append", default=[], help="only these families (repeatable)")
+    p.add_argument("--level", action="append", default=[], help="only these levels: easy, default, hard (repeatable)")
+    p.add_argument(
+        "--instruction",
+        action="append",
+        default=[],
+        help="text appended to each question instead of the node's (repeatable: each is measured on the same "
+        "questions); '\\n' is a newline",
+    )
     args = p.parse_args()
 
     import torch
 
+    import node.tasks.reasoning_gym as rg
     from node.training.models import load_model
     from node.training.policy import Policy
 
     torch.set_num_threads(args.threads)
     model, tok, model_id = load_model(args.model, seed=0, device="cpu")
     policy = Policy(model, tok, model_id)
+    instructions = [i.replace("\\n", "\n") for i in args.instruction] or [rg.INSTRUCTION]
     rows = []
     for family, levels in LEVELS.items():
         if args.family and family not in args.family:
             continue
         for level, config in levels.items():
-            row = {"level": level, **measure(policy, family, config, args)}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    print("| family | level | config | success | format | informative groups |")
-    print("|---|---|---|---|---|---|")
+            if args.level and level not in args.level:
+                continue
+            for instruction in instructions:
+                rg.INSTRUCTION = instruction  # read by each item as it is built: the same questions, another ending
+                row = {"level": level, "instruction": instruction.strip(), **measure(policy, family, config, args)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print("| family | level | config | instruction | success | format | informative groups |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         cfg = ", ".join(f"{k}={v}" for k, v in sorted(r["config"].items()))
-        print(f"| {r['family']} | {r['level']} | {cfg} | {r['success']:.2f} | {r['format']:.2f} | "
-              f"{r['informative_groups']:.2f} |")  # fmt: skip
+        print(f"| {r['family']} | {r['level']} | {cfg} | {r['instruction']} | {r['success']:.2f} | "
+              f"{r['format']:.2f} | {r['informative_groups']:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

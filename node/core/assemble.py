@@ -65,7 +65,7 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
     generation = GenerationConfig(
         temperature=opts.temperature, max_new_tokens=opts.max_new_tokens or rec.max_new_tokens
     )
-    learning_rate = rec.learning_rate if opts.lr is None else opts.lr
+    learning_rate = rec.lr(opts.adapter) if opts.lr is None else opts.lr
     parts = NodeParts(
         membership=membership,
         exchange=ExchangeConfig(),

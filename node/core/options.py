@@ -80,7 +80,11 @@ class NodeOptions:
         inherit=True,
     )  # fmt: skip
     temperature: float = option(1.0, "sampling temperature", inherit=True)
-    lr: float | None = option(None, "learning rate (default: the model's: 1e-3 tiny, 2e-6 smollm2-135m)", inherit=True)
+    lr: float | None = option(
+        None,
+        "learning rate (default: the model's: 1e-3 tiny, 2e-6 smollm2-135m, 2e-5 with --adapter lora)",
+        inherit=True,
+    )
     sampling: str = option(
         "advantage",
         "external group choice: uniform, advantage (groups with signal first) or credit (then by what their sources "

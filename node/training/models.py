@@ -227,18 +227,27 @@ class ModelDefaults:
     max_new_tokens: int
     learning_rate: float
     micro_batch_size: int
+    # Low-rank adapters start at zero and have few parameters: at full fine-tuning's rate they barely move
+    # in a run of a few hundred rounds. About 10x is the usual LoRA rule (also for RL).
+    adapter_learning_rate: float = 0.0
+
+    def lr(self, adapter: str) -> float:
+        """The learning rate for training every weight (``adapter="none"``) or an adapter."""
+        return self.learning_rate if adapter == "none" or not self.adapter_learning_rate else self.adapter_learning_rate
 
 
 TINY_DEFAULTS = ModelDefaults(max_new_tokens=1, learning_rate=1e-3, micro_batch_size=64)
 """Built-in tiny models: one-token answers, a large learning rate (also the component dataclasses' defaults)."""
 
-REAL_LM_DEFAULTS = ModelDefaults(max_new_tokens=64, learning_rate=1e-6, micro_batch_size=8)
+REAL_LM_DEFAULTS = ModelDefaults(max_new_tokens=64, learning_rate=1e-6, micro_batch_size=8, adapter_learning_rate=1e-5)
 """A pretrained LM folder: room for a short answer, a small learning rate, small micro-batches."""
 
 PACKAGED_DEFAULTS: dict[str, ModelDefaults] = {
     # 135M parameters on a CPU: short completions keep a round near a minute; 2e-6 moves the
     # weights measurably within a few rounds without wrecking the instruct model.
-    "smollm2-135m": ModelDefaults(max_new_tokens=32, learning_rate=2e-6, micro_batch_size=8),
+    "smollm2-135m": ModelDefaults(
+        max_new_tokens=32, learning_rate=2e-6, micro_batch_size=8, adapter_learning_rate=2e-5
+    ),
 }
 
 

@@ -91,6 +91,13 @@ def test_per_model_defaults_apply_only_to_flags_not_given() -> None:
     assert (parts.generation.max_new_tokens, parts.grpo.learning_rate) == (smol.max_new_tokens, smol.learning_rate)
     _, parts = node_configs(NodeOptions(model="smollm2-135m", max_new_tokens=7, lr=0.01), "0.0.0.0", 0)
     assert (parts.generation.max_new_tokens, parts.grpo.learning_rate) == (7, 0.01)
+    # adapters start at zero and are few: their own default, 10x full fine-tuning's; --lr still wins
+    _, parts = node_configs(NodeOptions(model="smollm2-135m", adapter="lora"), "0.0.0.0", 0)
+    assert parts.grpo.learning_rate == smol.adapter_learning_rate == pytest.approx(10 * smol.learning_rate)
+    _, parts = node_configs(NodeOptions(model="smollm2-135m", adapter="lora", lr=0.01), "0.0.0.0", 0)
+    assert parts.grpo.learning_rate == 0.01
+    _, parts = node_configs(NodeOptions(model="tiny-s", adapter="lora"), "0.0.0.0", 0)
+    assert parts.grpo.learning_rate == TINY_DEFAULTS.learning_rate
 
 
 def test_local_hands_children_every_inherited_option() -> None:
