@@ -24,17 +24,17 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
     """The node's and its components' configs from the options; a bad value raises ValueError naming the fix.
 
     Per-model defaults (:func:`~node.training.models.recommended_defaults`) fill
-    ``max_new_tokens`` (when 0) and the learning rate (when None).
+    ``max_new_tokens`` (when 0), the learning rate (when None) and the tasks (when none is given).
     """
+    rec = recommended_defaults(opts.model)
     cfg = NodeConfig(
-        model=opts.model, tasks=tuple(opts.task), accept_tasks=tuple(opts.accept_task), seed=opts.seed,
+        model=opts.model, tasks=tuple(opts.task) or rec.tasks, accept_tasks=tuple(opts.accept_task), seed=opts.seed,
         rounds=opts.rounds,
         local_groups=opts.local_groups, external_groups=opts.external_groups, num_generations=opts.generations,
         sampling=opts.sampling, log_dir=opts.log_dir, device=opts.device, max_threads=opts.max_threads,
         identity=opts.identity, overlap_network=not opts.wait_network, network_wait_s=opts.network_wait,
         diagnose_groups=opts.diagnose_groups,
     )  # fmt: skip
-    rec = recommended_defaults(opts.model)
     if opts.micro_batch < 0:
         raise ValueError(f"--micro-batch {opts.micro_batch}: use 0 (the model's default) or a positive count, e.g. 2")
     if opts.sync_every < 0:

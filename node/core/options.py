@@ -63,7 +63,12 @@ class NodeOptions:
     """The options of every node command (``start``, ``join``, ``local``)."""
 
     model: str = option(DEFAULT_MODEL, "built-in model name or local HF model folder")
-    task: tuple[str, ...] = option((), "task family (repeatable; default: all)", inherit=True)
+    task: tuple[str, ...] = option(
+        (),
+        "task family (repeatable; default: the model's: the tiny built-ins for a tiny model, the reasoning-gym "
+        "families where it gets a learning signal for a real LM)",
+        inherit=True,
+    )
     accept_task: tuple[str, ...] = option(
         (), "task family learned from peers' groups without generating it (repeatable)", inherit=True
     )

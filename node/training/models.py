@@ -40,6 +40,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from node.tasks.reasoning_gym import RG_TASK_NAMES
 from node.training.model_cache import (
     PACKAGED_MODELS,
     ModelError,
@@ -230,6 +231,9 @@ class ModelDefaults:
     # Low-rank adapters start at zero and have few parameters: at full fine-tuning's rate they barely move
     # in a run of a few hundred rounds. About 10x is the usual LoRA rule (also for RL).
     adapter_learning_rate: float = 0.0
+    # the task families a node trains on when no --task is given: where this model gets a learning signal
+    # (a family it never or always solves gives GRPO nothing); empty: the tiny built-ins
+    tasks: tuple[str, ...] = ()
 
     def lr(self, adapter: str) -> float:
         """The learning rate for training every weight (``adapter="none"``) or an adapter."""
@@ -239,20 +243,30 @@ class ModelDefaults:
 TINY_DEFAULTS = ModelDefaults(max_new_tokens=1, learning_rate=1e-3, micro_batch_size=64)
 """Built-in tiny models: one-token answers, a large learning rate (also the component dataclasses' defaults)."""
 
-REAL_LM_DEFAULTS = ModelDefaults(max_new_tokens=64, learning_rate=1e-6, micro_batch_size=8, adapter_learning_rate=1e-5)
-"""A pretrained LM folder: room for a short answer, a small learning rate, small micro-batches."""
+REAL_LM_DEFAULTS = ModelDefaults(
+    max_new_tokens=64, learning_rate=1e-6, micro_batch_size=8, adapter_learning_rate=1e-5, tasks=RG_TASK_NAMES
+)
+"""A pretrained LM folder: room for a short answer, a small learning rate, small micro-batches, every
+reasoning-gym family (its signal per family is unknown: measure it with bench/bench_signal.py)."""
 
 PACKAGED_DEFAULTS: dict[str, ModelDefaults] = {
     # 135M parameters on a CPU: short completions keep a round near a minute; 2e-6 moves the
     # weights measurably within a few rounds without wrecking the instruct model.
+    # Tasks: the reasoning-gym families where it succeeds at all with the node's prompt, at their default
+    # (easiest measured) levels: bench/bench_signal.py, 0.17, 0.08 and 0.06 success per completion, 25-56%
+    # of groups informative; every other family 0-0.03.
     "smollm2-135m": ModelDefaults(
-        max_new_tokens=32, learning_rate=2e-6, micro_batch_size=8, adapter_learning_rate=2e-5
+        max_new_tokens=32,
+        learning_rate=2e-6,
+        micro_batch_size=8,
+        adapter_learning_rate=2e-5,
+        tasks=("rg:basic_arithmetic", "rg:products", "rg:chain_sum"),
     ),
 }
 
 
 def recommended_defaults(name_or_path: str) -> ModelDefaults:
-    """Recommended ``max_new_tokens``, ``learning_rate`` and ``micro_batch_size`` for a model.
+    """Recommended ``max_new_tokens``, learning rates, ``micro_batch_size`` and tasks for a model.
 
     The CLI applies them only to flags the user did not pass.
 

@@ -23,6 +23,7 @@ from node.core.options import (
     to_argv,
 )
 from node.dashboard.server import DashboardConfig
+from node.tasks.reasoning_gym import RG_TASK_NAMES
 from node.training.grpo import GRPOConfig
 from node.training.models import TINY_DEFAULTS, recommended_defaults
 from node.training.policy import GenerationConfig
@@ -98,6 +99,12 @@ def test_per_model_defaults_apply_only_to_flags_not_given() -> None:
     assert parts.grpo.learning_rate == 0.01
     _, parts = node_configs(NodeOptions(model="tiny-s", adapter="lora"), "0.0.0.0", 0)
     assert parts.grpo.learning_rate == TINY_DEFAULTS.learning_rate
+    # tasks: where the model gets a signal, unless --task is given
+    assert node_configs(NodeOptions(model="smollm2-135m"), "", 0)[0].tasks == smol.tasks
+    assert set(smol.tasks) < set(RG_TASK_NAMES)
+    assert node_configs(NodeOptions(model="smollm2-135m", task=("rg:gcd",)), "", 0)[0].tasks == ("rg:gcd",)
+    assert node_configs(NodeOptions(model="/some/hf-folder"), "", 0)[0].tasks == RG_TASK_NAMES
+    assert node_configs(NodeOptions(model="tiny-s"), "", 0)[0].tasks == ()  # the node's built-ins
 
 
 def test_local_hands_children_every_inherited_option() -> None:
