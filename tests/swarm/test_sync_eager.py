@@ -53,6 +53,8 @@ def test_eager_sync_trains_on_while_the_group_commits(fault_swarm: FaultSwarm) -
 PERIOD = 2.0
 STAGGER_EPOCHS = 5
 """Epochs the peers already running train through before the next one joins (5 x 2 s: the issue's 10 s)."""
+SYNCS_OF_C = 22
+"""The slow peer's syncs before training halts: ~20 epochs after its join are counted (~70 s in all)."""
 """Seconds per wall-time epoch: above one sync here (~1.2 s: a 1 s gather window, all-reduce, vote)."""
 
 
@@ -110,6 +112,7 @@ def _progress_lost(p: Peer) -> float:
     return float((own - contributed.double() - _vec(done, "pending")).norm() / own.norm())
 
 
+@pytest.mark.timeout(150)
 def test_uneven_peers_on_a_shared_clock_commit_together_and_lose_no_work(fault_swarm: FaultSwarm) -> None:
     """a, then b about 10 s later, then c (2x slower) about 10 s after b: c catches up and contributes.
 
@@ -138,7 +141,10 @@ def test_uneven_peers_on_a_shared_clock_commit_together_and_lose_no_work(fault_s
     b.wait_for(lambda r: len(b.syncs()) >= STAGGER_EPOCHS, 30.0, "b's first epochs")
     go_c = time.time()
     (root / "go-c").touch()
-    c.wait_for(lambda r: len(c.syncs()) >= 12, 45.0, "12 syncs of c")
+    # ~20 epochs counted after c's join: the 90% criterion is a rate, and over 10 epochs one join-time
+    # miss (c's first sync can find no partner while it catches up) and one more failed it (8/10 in one
+    # fresh-clone run in 3; the others 10/10)
+    c.wait_for(lambda r: len(c.syncs()) >= SYNCS_OF_C, 80.0, f"{SYNCS_OF_C} syncs of c")
     halt.touch()
     halted = time.time()
     for p in peers:
@@ -161,6 +167,6 @@ def test_uneven_peers_on_a_shared_clock_commit_together_and_lose_no_work(fault_s
     # ... and its progress went into committed averages (that round's, or the next one's if that round
     # aborted): nonzero parts, and none of its progress lost (checked below)
     assert any(r["committed"] and _vec(r, "pseudo").norm() > 0 for r in c.syncs()), first
-    assert epochs >= 8 and full >= 0.9 * epochs, (full, epochs)
+    assert epochs >= SYNCS_OF_C - 4 and full >= 0.9 * epochs, (full, epochs)
     assert len(deviations) >= 8 and max(deviations) < 1e-4, deviations
     assert max(lost.values()) < 1e-4, lost
