@@ -54,9 +54,9 @@ PERIOD = 2.0
 STAGGER_EPOCHS = 5
 """Epochs the peers already running train through before the next one joins (5 x 2 s: the issue's 10 s)."""
 SYNCS_OF_C = 22
+"""The slow peer's syncs before training halts: ~20 epochs after its join are counted (~70 s in all)."""
 MIN_FULL_SHARE = 0.6
 """Share of epochs after the slow peer joins that commit with all 3: a regression floor (issue 16 asks for 0.9)."""
-"""The slow peer's syncs before training halts: ~20 epochs after its join are counted (~70 s in all)."""
 """Seconds per wall-time epoch: above one sync here (~1.2 s: a 1 s gather window, all-reduce, vote)."""
 
 
