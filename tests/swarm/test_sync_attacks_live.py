@@ -42,6 +42,7 @@ from swarm.sync.records import (
     seal_record,
     state_key,
 )
+from swarm.sync.errors import PeerLost
 from swarm.sync.wire import read_header, write_frame
 from tests.faults import FaultSwarm, Peer, final_state, hashes_by_revision
 
@@ -148,18 +149,28 @@ def test_fresh_low_id_ghosts_every_window(fault_swarm: FaultSwarm) -> None:
     _assert_ghosts_met(fault_swarm, at_least=4)
 
 
-async def _refusal_times(mallory: Membership, target: str, name: str, revision: int, n: int) -> list[float]:
-    """Open ``n`` streams at once, each sending a part for a random group; seconds from sending to refusal."""
+async def _refusal_times(
+    mallory: Membership, target: str, name: str, revision: int, n: int
+) -> list[tuple[float, bool]]:
+    """Open ``n`` streams at once, each sending a part for a random group.
 
-    async def one() -> float:
+    Returns, per stream, the seconds from sending to refusal and whether the refusal was an explicit
+    ``ok: false`` reply (True) or the stream being closed under the sender (False: 200 streams at once
+    can meet the transport's own stream limits, which refuse just as well; seen once in CI as a
+    broken pipe on the first write).
+    """
+
+    async def one() -> tuple[float, bool]:
         _, reader, writer = await mallory.p2p.call_binary_stream_handler(PeerID.from_base58(target), name)
+        t0 = time.monotonic()
         try:
-            t0 = time.monotonic()
             header = {"op": "part", "group": secrets.token_hex(16), "revision": revision, "slice": 0, "weight": 0}
             await write_frame(writer, header, b"", 5.0)
             reply = await read_header(reader, 70.0)
             assert reply.get("ok") is False, reply
-            return time.monotonic() - t0
+            return time.monotonic() - t0, True
+        except (ConnectionError, PeerLost):
+            return time.monotonic() - t0, False
         finally:
             writer.close()
 
@@ -180,9 +191,11 @@ def test_random_group_ids_are_refused_at_once(fault_swarm: FaultSwarm) -> None:
         a.wait_for(lambda r: r.get("committed") is True, 30.0, "a first commit")
         cpu0, t0 = _cpu([a, b]), time.monotonic()
         revision = a.syncs()[-1]["revision"]
-        times = mallory.run(_refusal_times(mallory, a.info["peer"], f"{SWARM}.sync.{fp}", revision, 200), 90.0)
-        times.sort()
-        print(f"refused in median {times[100] * 1e3:.1f} ms, max {times[-1] * 1e3:.1f} ms")
+        outcomes = mallory.run(_refusal_times(mallory, a.info["peer"], f"{SWARM}.sync.{fp}", revision, 200), 90.0)
+        times = sorted(t for t, _ in outcomes)
+        explicit = sum(said for _, said in outcomes)
+        print(f"refused in median {times[100] * 1e3:.1f} ms, max {times[-1] * 1e3:.1f} ms; {explicit} said so")
+        assert explicit >= 50, explicit  # the handler itself refuses: a good share of streams get its answer
         assert times[100] < 0.25 and times[-1] < 1.0, times  # defence off: max 15.0 s (register_timeout)
         n = len(a.syncs())
         # a window of several syncs and seconds: with the early close one sync can take 0.2 s, too short
