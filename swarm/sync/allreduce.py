@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections import deque
@@ -34,15 +35,16 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from hivemind.p2p import P2P, PeerID
 
 from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.errors import BadBytes, GroupMismatch
 from swarm.sync.robust import Suspicion, clamp_weights, reduce_slice
-from swarm.sync.tensors import decode, encode, encoded_size, from_bytes, slice_bounds, to_bytes
+from swarm.sync.tensors import Buffer, decode_into, encode_view, encoded_size, from_bytes, slice_bounds, to_bytes
 from swarm.sync.tensors import state_hash as compute_state_hash
-from swarm.sync.wire import check_ok, check_weight, read_header, read_payload, send_error, write_frame
+from swarm.sync.wire import check_ok, check_weight, read_header, read_payload, read_vector, send_error, write_frame
 
 logger = logging.getLogger(__name__)
 
@@ -90,9 +92,11 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class AllReduceResult:
-    """The reducers' bytes per slice (member order) and what this member sent."""
+    """The average the reducers returned, decoded (member order), the sha256 of each slice's exact bytes,
+    and what this member sent."""
 
-    slices: list[bytes]
+    average: np.ndarray
+    digests: list[bytes]
     bytes_sent: int
     flagged: dict[str, Suspicion] = field(default_factory=dict)
     """Members whose parts this member, as reducer of its slice, clipped."""
@@ -108,7 +112,8 @@ class _Round:
         self.parts: dict[str, tuple[torch.Tensor, int] | None] = {}
         """Each member's decoded part and its claimed weight (inner steps), None for weight 0."""
         self.flagged: dict[str, Suspicion] = {}
-        self.result: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.result: asyncio.Future[Buffer] = asyncio.get_running_loop().create_future()
+        """The reduced slice's bytes, as sent to every member (read-only: several streams send it at once)."""
         self.result.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.replied = 0
         self.all_replied = asyncio.Event()
@@ -239,8 +244,11 @@ class SyncService:
             expected = encoded_size(rnd.n, plan.compression) if weight else 0
             if header["size"] != expected:
                 raise BadBytes(f"part of {header['size']} bytes, expected {expected}")
-            payload = await read_payload(reader, expected, self._chunk_timeout)
-            await self._add_part(rnd, sender, weight, payload)
+            part = None
+            if weight:
+                part = np.empty(rnd.n, dtype=np.float32)
+                await read_vector(reader, part, plan.compression, self._chunk_timeout)
+            await self._add_part(rnd, sender, weight, part)
         except (SyncAborted, TimeoutError) as e:
             if isinstance(e, SyncAborted):
                 rnd.fail(e.reason, e.cause)
@@ -253,10 +261,10 @@ class SyncService:
         finally:
             rnd.reply_done()
 
-    async def _add_part(self, rnd: _Round, peer: str, weight: int, payload: bytes) -> None:
+    async def _add_part(self, rnd: _Round, peer: str, weight: int, part: np.ndarray | None) -> None:
         if peer in rnd.parts:
             raise GroupMismatch(f"second part from {peer[-6:]}")
-        rnd.parts[peer] = (decode(payload, rnd.n, rnd.plan.compression), weight) if weight else None
+        rnd.parts[peer] = (torch.from_numpy(part), weight) if part is not None else None
         if len(rnd.parts) < len(rnd.plan.members) or rnd.result.done():
             return
         plan = rnd.plan
@@ -267,7 +275,7 @@ class SyncService:
         mine = rnd.parts[self._me]
         own = None if mine is None else mine[0]
 
-        def reduce_and_encode() -> bytes:
+        def reduce_and_encode() -> Buffer:
             reduced = reduce_slice(
                 contributions,
                 *(own, rnd.n, plan.aggregator, plan.trim_fraction, plan.clip_factor),
@@ -288,7 +296,7 @@ class SyncService:
                     *(self._me[-6:], plan.revision, rnd.index, why.value, peer),
                     *(reduced.norms[peer], reduced.bound),
                 )
-            return encode(reduced.value, plan.compression)
+            return encode_view(reduced.value, plan.compression)
 
         out = await asyncio.get_running_loop().run_in_executor(None, reduce_and_encode)
         self._call_hook("reduced", plan.revision)
@@ -327,18 +335,28 @@ class SyncService:
 
     async def _allreduce(self, plan: RoundPlan, rnd: _Round, flat: torch.Tensor, weight: int) -> AllReduceResult:
         bounds = plan.bounds()
+        lo, hi = bounds[rnd.index]
 
-        def encode_all() -> list[bytes]:
-            return [encode(flat[lo:hi], plan.compression) if weight else b"" for lo, hi in bounds]
+        def encode_all() -> tuple[list[Buffer], np.ndarray | None]:
+            if not weight:
+                return [b""] * len(bounds), None
+            # with compression "none" the parts are views of ``flat`` (no copies); own part as the others see it
+            parts = [encode_view(flat[a:b], plan.compression) for a, b in bounds]
+            own = np.empty(hi - lo, dtype=np.float32)
+            decode_into(parts[rnd.index], own, plan.compression)
+            return parts, own
 
-        parts = await asyncio.get_running_loop().run_in_executor(None, encode_all)
-        await self._add_part(rnd, self._me, weight, parts[rnd.index])
+        loop = asyncio.get_running_loop()
+        parts, own = await loop.run_in_executor(None, encode_all)
+        await self._add_part(rnd, self._me, weight, own)
+        # every slice lands in one buffer as its bytes arrive, hashed on the way: nothing to concatenate
+        average = np.empty(plan.n_elems, dtype=np.float32)
         tasks: list[asyncio.Future[bytes]] = []
-        for j in range(len(plan.members)):
+        for j, (a, b) in enumerate(bounds):
             if j == rnd.index:
-                tasks.append(asyncio.ensure_future(asyncio.shield(rnd.result)))
+                tasks.append(asyncio.ensure_future(self._own_slice(rnd, average[a:b])))
             else:
-                tasks.append(asyncio.ensure_future(self._exchange(plan, j, weight, parts[j])))
+                tasks.append(asyncio.ensure_future(self._exchange(plan, j, weight, parts[j], average[a:b])))
         for t in tasks:  # a task that fails after the round gave up on it must not log "never retrieved"
             t.add_done_callback(lambda f: f.cancelled() or f.exception())
         done, pending = await asyncio.wait(tasks, timeout=self._remaining(plan), return_when=asyncio.FIRST_EXCEPTION)
@@ -349,16 +367,27 @@ class SyncService:
             raise errors[0]
         if pending:
             raise SyncAborted("all-reduce timeout", AbortCause.ALLREDUCE_TIMEOUT)
-        slices = [t.result() for t in tasks]
         # every member got this one's slice before it moves on to vote: a member that stops
         # after its all-reduce then costs the others a missing vote, not a failed all-reduce
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(rnd.all_replied.wait(), min(self._chunk_timeout, self._remaining(plan)))
         sent = sum(len(p) for j, p in enumerate(parts) if j != rnd.index)
-        total = sent + (len(plan.members) - 1) * len(slices[rnd.index])
-        return AllReduceResult(slices, total, dict(rnd.flagged))
+        total = sent + (len(plan.members) - 1) * encoded_size(hi - lo, plan.compression)
+        return AllReduceResult(average, [t.result() for t in tasks], total, dict(rnd.flagged))
 
-    async def _exchange(self, plan: RoundPlan, j: int, weight: int, part: bytes) -> bytes:
+    async def _own_slice(self, rnd: _Round, dest: np.ndarray) -> bytes:
+        """Wait for this member's own reduction; decode it into ``dest``; return its bytes' sha256."""
+        data = await asyncio.shield(rnd.result)
+
+        def decode_and_hash() -> bytes:
+            decode_into(data, dest, rnd.plan.compression)
+            return hashlib.sha256(data).digest()
+
+        return await asyncio.get_running_loop().run_in_executor(None, decode_and_hash)
+
+    async def _exchange(self, plan: RoundPlan, j: int, weight: int, part: Buffer, dest: np.ndarray) -> bytes:
+        """Send this member's part of slice ``j`` to its owner; decode the reduced slice it returns into
+        ``dest`` as it streams in; return the sha256 of that slice's bytes."""
         if self._call_hook("send", plan.revision) == "drop":
             await asyncio.sleep(self._remaining(plan))
             raise SyncAborted("all-reduce timeout (part dropped)", AbortCause.ALLREDUCE_TIMEOUT)
@@ -373,11 +402,12 @@ class SyncService:
             self._call_hook("sent", plan.revision)
             reply = await read_header(reader, self._remaining(plan))
             check_ok(reply)
-            lo, hi = plan.bounds()[j]
-            expected = encoded_size(hi - lo, plan.compression)
+            expected = encoded_size(dest.size, plan.compression)
             if reply["size"] != expected:
                 raise BadBytes(f"slice {j} of {reply['size']} bytes, expected {expected}")
-            return await read_payload(reader, expected, self._chunk_timeout)
+            hasher = hashlib.sha256()
+            await read_vector(reader, dest, plan.compression, self._chunk_timeout, hasher)
+            return hasher.digest()
         finally:
             writer.close()
 

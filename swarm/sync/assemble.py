@@ -16,7 +16,7 @@ import torch
 from swarm.sync.allreduce import AllReduceResult, RoundPlan, Snapshot
 from swarm.sync.config import OuterSyncConfig
 from swarm.sync.robust import Suspicion, check_slice, check_step, max_step, norm
-from swarm.sync.tensors import decode, outer_step, state_hash
+from swarm.sync.tensors import outer_step, state_hash
 
 
 @dataclass(frozen=True)
@@ -37,26 +37,26 @@ class Assembled:
 def assemble(
     plan: RoundPlan, snap: Snapshot, pseudo: torch.Tensor, weight: int, result: AllReduceResult, max_update: float
 ) -> Assembled:
-    """Decode every reduced slice, check each against this member's own part, and digest the exact bytes."""
+    """Check every reduced slice against this member's own part, and digest the exact bytes."""
     h = hashlib.sha256(f"{plan.group_id}|{plan.revision}|{plan.compression}".encode())
-    pieces = []
     suspects: dict[str, Suspicion] = dict(result.flagged)
     refusal: Suspicion | None = None
     anchor, n = snap.anchor, snap.anchor.numel()
-    whole = norm(anchor)
-    for j, ((lo, hi), data) in enumerate(zip(plan.bounds(), result.slices, strict=True)):
-        h.update(hashlib.sha256(data).digest())
-        piece = decode(data, hi - lo, plan.compression)
+    slice_norms = [norm(anchor[lo:hi]) for lo, hi in plan.bounds()]
+    whole = math.sqrt(math.fsum(x * x for x in slice_norms))
+    average = result.average  # decoded by the exchange as each slice streamed in
+    for j, ((lo, hi), digest) in enumerate(zip(plan.bounds(), result.digests, strict=True)):
+        h.update(digest)
+        piece = torch.from_numpy(average[lo:hi])
         # the slice's own anchor norm, or its share of the whole (a slice of zero-initialised biases)
-        floor = max_update * max(norm(anchor[lo:hi]), whole * math.sqrt((hi - lo) / max(n, 1)))
+        floor = max_update * max(slice_norms[j], whole * math.sqrt((hi - lo) / max(n, 1)))
         problem = check_slice(piece, pseudo[lo:hi] if weight else None, plan.clip_factor, floor)
         if problem is not None:
             # the reducer of slice j returned an implausible average: name it, and refuse the round
             suspects[plan.members[j]] = problem
             refusal = problem
-        pieces.append(piece)
     own = pseudo if weight else None
-    return Assembled(torch.cat(pieces), h.hexdigest(), result.bytes_sent, own, suspects, refusal)
+    return Assembled(torch.from_numpy(average), h.hexdigest(), result.bytes_sent, own, suspects, refusal)
 
 
 def next_state(

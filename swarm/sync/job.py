@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
+import numpy as np
 import torch
 
 from swarm.sync.allreduce import Snapshot
 from swarm.sync.config import SyncReport
+from swarm.sync.robust import as_array
 from swarm.sync.wire import MAX_WEIGHT
 
 
@@ -26,10 +29,10 @@ class SyncJob:
     step: int | None = None
     """The caller's inner step when the job was taken (None: not told); a commit makes it the anchor's step."""
 
-    @property
+    @cached_property
     def pseudo(self) -> torch.Tensor:
-        """This member's pseudo-gradient: its own progress since the anchor, negated."""
-        return self.base.anchor - self.params
+        """This member's pseudo-gradient: its own progress since the anchor, negated (computed once)."""
+        return torch.from_numpy(np.subtract(as_array(self.base.anchor), as_array(self.params)))
 
     @property
     def weight(self) -> int:
@@ -39,7 +42,7 @@ class SyncJob:
         dilute the mean: no part is sent), else the inner steps, at least 1
         and at most what the wire accepts.
         """
-        if not bool(torch.count_nonzero(self.pseudo)):
+        if not as_array(self.pseudo).any():
             return 0
         return min(max(self.steps, 1), MAX_WEIGHT)
 
@@ -64,4 +67,6 @@ def weights_after(outcome: RoundOutcome, params_now: torch.Tensor) -> torch.Tens
     assert outcome.installed is not None
     job = outcome.job
     since = job.params if outcome.report.committed else job.base.anchor
-    return outcome.installed.anchor + (params_now - since)
+    # (params_now - since) first, then added to the anchor: the same two roundings as before
+    out = np.subtract(as_array(params_now), as_array(since))
+    return torch.from_numpy(np.add(as_array(outcome.installed.anchor), out, out=out))

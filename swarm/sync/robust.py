@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 RULES = ("mean", "trimmed_mean", "median", "centered_clip")
@@ -56,9 +57,38 @@ class Reduced:
     bound: float | None = None
 
 
+NORM_BLOCK = 1 << 18
+"""Elements widened to float64 at a time by :func:`norm` (2 MiB: stays in cache, no 2x-size copy)."""
+
+
+def as_array(x: torch.Tensor) -> np.ndarray:
+    """A float32 numpy view of ``x`` (a copy only if it is not a contiguous float32 CPU tensor).
+
+    The vector arithmetic here runs in numpy: on the CPU builds this project uses, numpy's
+    elementwise float32 kernels measured 10-20x faster than torch's on 10M elements
+    (``isfinite`` 1.6 vs 30 ms, a float64 norm 3 vs 33 ms; bench/RESULTS.md, "Outer sync").
+    """
+    t = x.detach()
+    if t.dtype != torch.float32 or t.device.type != "cpu":
+        t = t.to(device="cpu", dtype=torch.float32)
+    return t.contiguous().numpy()
+
+
+def finite(x: torch.Tensor) -> bool:
+    """Whether every element of ``x`` is finite."""
+    return bool(np.isfinite(as_array(x)).all())
+
+
 def norm(x: torch.Tensor) -> float:
-    """L2 norm in float64 (finite for any finite float32 vector)."""
-    return float(torch.linalg.vector_norm(x.to(torch.float64)))
+    """L2 norm accumulated in float64 (finite for any finite float32 vector), block by block."""
+    a = as_array(x).reshape(-1)
+    block = np.empty(min(NORM_BLOCK, a.size), dtype=np.float64)
+    total = 0.0
+    for start in range(0, a.size, NORM_BLOCK):
+        piece = block[: min(NORM_BLOCK, a.size - start)]
+        np.copyto(piece, a[start : start + piece.size])
+        total += float(np.dot(piece, piece))
+    return math.sqrt(total)
 
 
 def clip_to(x: torch.Tensor, bound: float) -> torch.Tensor:
@@ -66,7 +96,7 @@ def clip_to(x: torch.Tensor, bound: float) -> torch.Tensor:
     n = norm(x)
     if n <= bound:
         return x
-    return x * torch.tensor(bound / n, dtype=torch.float32)
+    return torch.from_numpy(np.multiply(as_array(x), np.float32(bound / n)))
 
 
 def norm_bound(norms: Sequence[float], own: float | None, clip_factor: float) -> float | None:
@@ -118,17 +148,20 @@ def weighted_mean(parts: Sequence[torch.Tensor], weights: Sequence[float]) -> to
     >>> weighted_mean([torch.tensor([0.0]), torch.tensor([3.0])], [1.0, 2.0])
     tensor([2.])
     """
+    arrays = [as_array(p) for p in parts]
     if len(set(weights)) <= 1:
-        acc = parts[0].clone()
-        for p in parts[1:]:
-            acc += p
-        return acc / float(len(parts))
+        acc = arrays[0].copy()
+        for a in arrays[1:]:
+            np.add(acc, a, out=acc)
+        return torch.from_numpy(np.divide(acc, np.float32(len(parts)), out=acc))
     total = math.fsum(weights)
-    # coefficients in float64 then one float32 multiply-add per part: a fixed order, so fixed bits
-    acc = torch.zeros_like(parts[0])
-    for p, w in zip(parts, weights, strict=True):
-        acc += p * torch.tensor(w / total, dtype=torch.float32)
-    return acc
+    # coefficients in float64 then one float32 multiply and one add per part (two roundings, no fused
+    # multiply-add): a fixed order, so fixed bits
+    acc = np.zeros_like(arrays[0])
+    term = np.empty_like(arrays[0])
+    for a, w in zip(arrays, weights, strict=True):
+        np.add(acc, np.multiply(a, np.float32(w / total), out=term), out=acc)
+    return torch.from_numpy(acc)
 
 
 def weighted_trimmed_mean(stacked: torch.Tensor, weights: Sequence[float], k: int) -> torch.Tensor:
@@ -243,7 +276,7 @@ def check_slice(
     ``floor`` (a share of the anchor's own norm, see ``OuterSyncConfig.max_update``)
     keeps it from refusing them. Without either scale only finiteness is checked.
     """
-    if not bool(torch.isfinite(reduced).all()):
+    if not finite(reduced):
         return Suspicion.REDUCED_NOT_FINITE
     own_norm = 0.0 if own is None else norm(own)
     limit = max(clip_factor * own_norm, floor)
@@ -267,9 +300,9 @@ def check_step(
     anchor: torch.Tensor, new_anchor: torch.Tensor, new_momentum: torch.Tensor, bound: float | None, floor: float = 0.0
 ) -> Suspicion | None:
     """Why the outer step must not be applied (non-finite, or moved more than ``bound`` and ``floor``), or None."""
-    if not (bool(torch.isfinite(new_anchor).all()) and bool(torch.isfinite(new_momentum).all())):
+    if not (finite(new_anchor) and finite(new_momentum)):
         return Suspicion.STEP_NOT_FINITE
-    moved = norm(new_anchor - anchor)
+    moved = norm(torch.from_numpy(np.subtract(as_array(new_anchor), as_array(anchor))))
     limit = max(bound or 0.0, floor)
     if limit > 0 and not (math.isfinite(moved) and moved <= limit):
         return Suspicion.STEP_TOO_LARGE

@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
+
 from protocol import codec
 from protocol.errors import MessageRejected
 from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.errors import BadBytes, PeerLost
+from swarm.sync.tensors import LITTLE_ENDIAN, Buffer, decode_into, encoded_size
 
 MAX_HEADER_BYTES = 4096
 CHUNK_BYTES = 1 << 20
@@ -23,7 +26,7 @@ MAX_WEIGHT = (1 << 31) - 1
 
 
 async def write_frame(
-    writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes, chunk_timeout: float
+    writer: asyncio.StreamWriter, header: dict[str, Any], payload: Buffer, chunk_timeout: float
 ) -> int:
     """Write one frame; return the number of bytes written."""
     head = codec.pack({**header, "size": len(payload)})
@@ -68,6 +71,38 @@ async def read_payload(reader: asyncio.StreamReader, size: int, chunk_timeout: f
     except asyncio.IncompleteReadError:
         raise PeerLost(f"stream closed after {got} of {size} payload bytes") from None
     return bytes(buf)
+
+
+async def read_into(
+    reader: asyncio.StreamReader, dest: memoryview, chunk_timeout: float, hasher: Any | None = None
+) -> None:
+    """Read exactly ``len(dest)`` payload bytes into ``dest`` (no intermediate buffer), chunk by chunk,
+    each under ``chunk_timeout``, feeding each chunk to ``hasher.update`` as it arrives."""
+    size, got = len(dest), 0
+    try:
+        while got < size:
+            chunk = await asyncio.wait_for(reader.readexactly(min(CHUNK_BYTES, size - got)), chunk_timeout)
+            dest[got : got + len(chunk)] = chunk
+            if hasher is not None:
+                hasher.update(chunk)
+            got += len(chunk)
+    except asyncio.IncompleteReadError:
+        raise PeerLost(f"stream closed after {got} of {size} payload bytes") from None
+
+
+async def read_vector(
+    reader: asyncio.StreamReader, out: np.ndarray, compression: str, chunk_timeout: float, hasher: Any | None = None
+) -> None:
+    """Read one encoded vector of ``out.size`` elements into the float32 array ``out`` (BadBytes if any
+    value is not finite). Uncompressed bytes land in ``out`` itself; compressed ones are decoded once in."""
+    if compression == "none" and LITTLE_ENDIAN:
+        await read_into(reader, out.data.cast("B"), chunk_timeout, hasher)
+        if not bool(np.isfinite(out).all()):
+            raise BadBytes("non-finite values received")
+        return
+    raw = bytearray(encoded_size(out.size, compression))
+    await read_into(reader, memoryview(raw), chunk_timeout, hasher)
+    decode_into(raw, out, compression)
 
 
 def check_weight(value: Any) -> int:
