@@ -43,7 +43,7 @@ from swarm.sync.decide import (
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.records import MAX_SKIP
-from swarm.sync.robust import norm
+from swarm.sync.robust import distance, norm
 
 MAX_PARTNERS = 1024
 """Most recent round partners remembered as trusted for catch-up (bounded memory)."""
@@ -280,7 +280,7 @@ class CatchUpper:
         if self.newcomer(snap) and set(target.donors) & self.bootstrap:
             return None if finite else CatchUpRefusal.NOT_FINITE
         own = snap.anchor
-        shift = norm(got.anchor - own) if finite else math.inf
+        shift = distance(got.anchor, own) if finite else math.inf
         momentum = norm(got.momentum) if finite else math.inf
         # k revisions of honest training move the anchor about k times as far as one: a node restarted
         # from an old checkpoint must still be able to rejoin its group's history

@@ -80,7 +80,7 @@ from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.job import RoundOutcome, SyncJob, weights_after
 from swarm.sync.liveness import Prober
 from swarm.sync.records import ABORT_DIGEST
-from swarm.sync.robust import Suspicion, norm
+from swarm.sync.robust import Suspicion, distance
 from swarm.sync.schedule import Schedule
 from swarm.sync.tensors import flatten, load_flat, state_hash
 
@@ -324,7 +324,7 @@ class OuterSync:
             # a commit of the round just planned: its members are now partners this peer can check,
             # and its step is a scale for the next revisions others report (a contested catch-up)
             self._catchup.add_partners(self._group[1])
-            self._catchup.note_step(norm(snap.anchor - self._snap.anchor))
+            self._catchup.note_step(distance(snap.anchor, self._snap.anchor))
         self._snap = snap  # served to peers at once; the weights follow in apply()
         self._records.publish_state(snap.revision, snap.state_hash)
 
