@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import socket
 import time
 from collections import deque
 from collections.abc import Callable, Collection
@@ -39,12 +40,23 @@ import numpy as np
 import torch
 from hivemind.p2p import P2P, PeerID
 
+from swarm.sync import direct
 from swarm.sync.config import AbortCause, SyncAborted
+from swarm.sync.direct import host_of
 from swarm.sync.errors import BadBytes, GroupMismatch
 from swarm.sync.robust import Suspicion, clamp_weights, reduce_slice
 from swarm.sync.tensors import Buffer, decode_into, encode_view, encoded_size, from_bytes, slice_bounds, to_bytes
 from swarm.sync.tensors import state_hash as compute_state_hash
-from swarm.sync.wire import check_ok, check_weight, read_header, read_payload, read_vector, send_error, write_frame
+from swarm.sync.wire import (
+    check_ok,
+    check_weight,
+    fill_vector,
+    read_header,
+    read_payload,
+    read_vector,
+    send_error,
+    write_frame,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +69,8 @@ MAX_WAITING = 64
 """Parts from all senders that may wait at once (bounds what a flood of streams can hold)."""
 MAX_PINGS = 32
 """Outbound pings in flight at once (a page of ghost join records cannot open hundreds of dials)."""
+INDIRECT_FOR_S = 600.0
+"""How long a member sends on the P2P stream to an owner it could not reach directly."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,8 @@ class _Round:
         self.flagged: dict[str, Suspicion] = {}
         self.result: asyncio.Future[Buffer] = asyncio.get_running_loop().create_future()
         """The reduced slice's bytes, as sent to every member (read-only: several streams send it at once)."""
+        self.result_digest = b""
+        """sha256 of ``result`` (set before it): what a member receiving it directly checks it against."""
         self.result.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.replied = 0
         self.all_replied = asyncio.Event()
@@ -142,8 +158,13 @@ class SyncService:
         clock: Callable[[], float] = time.time,
         hook: Hook | None = None,
         register_timeout: float = 10.0,
+        direct_host: str | None = None,
     ) -> None:
         self._p2p, self._name, self._me = p2p, name, me
+        # payloads on direct TCP connections (swarm.sync.direct), listening on this host; None: P2P streams only
+        self._listener = direct.Listener(direct_host) if direct_host is not None else None
+        self._indirect: dict[str, float] = {}
+        """Owners this member could not reach directly, until when (monotonic) it sends them on the stream."""
         self._chunk_timeout = chunk_timeout
         # how long a part may wait for this member to reach the same group decision (its DHT
         # reads may finish later than the sender's); the sender's round deadline bounds it too
@@ -157,6 +178,8 @@ class SyncService:
         self._ping_slots: asyncio.Semaphore | None = None  # made on the loop, at first use
 
     async def start(self) -> None:
+        if self._listener is not None:
+            await self._listener.start()
         await self._p2p.add_binary_stream_handler(self._name, self._handle)
 
     async def stop(self) -> None:
@@ -166,6 +189,8 @@ class SyncService:
             await self._p2p.remove_binary_stream_handler(self._name)
         except Exception as e:
             logger.debug("[%s] removing stream handler: %s", self._me[-6:], e)
+        if self._listener is not None:
+            await self._listener.stop()
 
     def expect(self, revision: int, joiners: Collection[str]) -> None:
         """Let parts of ``revision`` from ``joiners`` wait for this member's group (thread-safe: one store)."""
@@ -237,29 +262,110 @@ class SyncService:
         plan = rnd.plan
         if sender not in plan.members or sender == self._me:  # refused, but no reason to fail the round
             raise GroupMismatch(f"{sender[-6:]} is not a member")
+        sock: socket.socket | None = None
         try:
-            if header.get("revision") != plan.revision or header.get("slice") != rnd.index:
-                raise GroupMismatch("revision or slice differs")
-            weight = check_weight(header.get("weight"))
-            expected = encoded_size(rnd.n, plan.compression) if weight else 0
-            if header["size"] != expected:
-                raise BadBytes(f"part of {header['size']} bytes, expected {expected}")
-            part = None
-            if weight:
-                part = np.empty(rnd.n, dtype=np.float32)
-                await read_vector(reader, part, plan.compression, self._chunk_timeout)
-            await self._add_part(rnd, sender, weight, part)
-        except (SyncAborted, TimeoutError) as e:
-            if isinstance(e, SyncAborted):
-                rnd.fail(e.reason, e.cause)
-            else:
-                rnd.fail("part timeout", AbortCause.ALLREDUCE_TIMEOUT)
-            raise
-        try:
-            result = await asyncio.wait_for(asyncio.shield(rnd.result), self._remaining(plan))
-            await write_frame(writer, {"ok": True}, result, self._chunk_timeout)
+            try:
+                if header.get("revision") != plan.revision or header.get("slice") != rnd.index:
+                    raise GroupMismatch("revision or slice differs")
+                weight = check_weight(header.get("weight"))
+                expected = encoded_size(rnd.n, plan.compression) if weight else 0
+                if header.get("direct") is True:
+                    sock, part = await self._receive_direct(rnd, header, reader, writer, expected)
+                else:
+                    part = await self._receive_inline(rnd, header, reader, expected)
+                await self._add_part(rnd, sender, weight, part)
+            except (SyncAborted, TimeoutError) as e:
+                if isinstance(e, SyncAborted):
+                    rnd.fail(e.reason, e.cause)
+                else:
+                    rnd.fail("part timeout", AbortCause.ALLREDUCE_TIMEOUT)
+                raise
+            try:
+                result = await asyncio.wait_for(asyncio.shield(rnd.result), self._remaining(plan))
+                if sock is None:
+                    await write_frame(writer, {"ok": True}, result, self._chunk_timeout)
+                else:
+                    reply = {"ok": True, "bytes": len(result), "sha256": rnd.result_digest}
+                    await write_frame(writer, reply, b"", self._chunk_timeout)
+                    await direct.send(sock, result, self._chunk_timeout)
+            finally:
+                rnd.reply_done()
         finally:
-            rnd.reply_done()
+            direct.close(sock)
+
+    async def _receive_inline(
+        self, rnd: _Round, header: dict[str, Any], reader: asyncio.StreamReader, expected: int
+    ) -> np.ndarray | None:
+        """A part sent on the P2P stream itself (None for a member that trained nothing)."""
+        if header["size"] != expected:
+            raise BadBytes(f"part of {header['size']} bytes, expected {expected}")
+        if not expected:
+            return None
+        part = np.empty(rnd.n, dtype=np.float32)
+        await read_vector(reader, part, rnd.plan.compression, self._chunk_timeout)
+        return part
+
+    async def _receive_direct(
+        self,
+        rnd: _Round,
+        header: dict[str, Any],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        expected: int,
+    ) -> tuple[socket.socket | None, np.ndarray | None]:
+        """Offer a ticket; take the part on the sender's direct connection (checked against the sha256 in
+        its header), or on the stream if it could not connect. Returns the connection (None: use the stream)."""
+        digest = header.get("sha256")
+        if header["size"] != 0 or not isinstance(digest, bytes) or len(digest) != 32:
+            raise BadBytes("direct part header without a sha256, or with a payload")
+        if self._listener is None:  # direct payloads off here: port 0 asks for the part on the stream
+            await write_frame(writer, {"ok": True, "port": 0, "ticket": b""}, b"", self._chunk_timeout)
+            return None, await self._receive_inline(rnd, await self._inline_header(rnd, reader), reader, expected)
+        ticket, arrived = self._listener.issue()
+        inline: asyncio.Future[dict[str, Any]] | None = None
+        try:
+            await write_frame(
+                writer, {"ok": True, "port": self._listener.port, "ticket": ticket}, b"", self._chunk_timeout
+            )
+            inline = asyncio.ensure_future(self._inline_header(rnd, reader))
+            either: set[asyncio.Future[Any]] = {arrived, inline}
+            done, _ = await asyncio.wait(either, timeout=self._remaining(rnd.plan), return_when=asyncio.FIRST_COMPLETED)
+            if arrived in done:
+                sock = self._listener.take(ticket)
+                try:
+                    return sock, await self._receive_checked(rnd, sock, digest, expected)
+                except BaseException:
+                    direct.close(sock)
+                    raise
+            if inline in done:
+                return None, await self._receive_inline(rnd, await inline, reader, expected)
+            raise TimeoutError
+        finally:
+            if inline is not None and not inline.done():
+                inline.cancel()
+            self._listener.revoke(ticket)
+
+    async def _inline_header(self, rnd: _Round, reader: asyncio.StreamReader) -> dict[str, Any]:
+        header = await read_header(reader, self._remaining(rnd.plan))
+        if header.get("op") != "inline":
+            raise BadBytes("expected the part inline")
+        return header
+
+    async def _receive_checked(
+        self, rnd: _Round, sock: socket.socket, digest: bytes, expected: int
+    ) -> np.ndarray | None:
+        if not expected:
+            return None
+        part = np.empty(rnd.n, dtype=np.float32)
+        hasher = hashlib.sha256()
+
+        async def fill(dest: memoryview, h: Any | None) -> None:
+            await direct.recv_into(sock, dest, self._chunk_timeout, h)
+
+        await fill_vector(fill, part, rnd.plan.compression, hasher)
+        if hasher.digest() != digest:
+            raise BadBytes("part does not match its sha256")
+        return part
 
     async def _add_part(self, rnd: _Round, peer: str, weight: int, part: np.ndarray | None) -> None:
         if peer in rnd.parts:
@@ -296,7 +402,9 @@ class SyncService:
                     *(self._me[-6:], plan.revision, rnd.index, why.value, peer),
                     *(reduced.norms[peer], reduced.bound),
                 )
-            return encode_view(reduced.value, plan.compression)
+            out = encode_view(reduced.value, plan.compression)
+            rnd.result_digest = hashlib.sha256(out).digest()
+            return out
 
         out = await asyncio.get_running_loop().run_in_executor(None, reduce_and_encode)
         self._call_hook("reduced", plan.revision)
@@ -337,17 +445,18 @@ class SyncService:
         bounds = plan.bounds()
         lo, hi = bounds[rnd.index]
 
-        def encode_all() -> tuple[list[Buffer], np.ndarray | None]:
+        def encode_all() -> tuple[list[Buffer], list[bytes], np.ndarray | None]:
             if not weight:
-                return [b""] * len(bounds), None
+                return [b""] * len(bounds), [hashlib.sha256(b"").digest()] * len(bounds), None
             # with compression "none" the parts are views of ``flat`` (no copies); own part as the others see it
             parts = [encode_view(flat[a:b], plan.compression) for a, b in bounds]
+            digests = [hashlib.sha256(p).digest() if self._listener else b"" for p in parts]
             own = np.empty(hi - lo, dtype=np.float32)
             decode_into(parts[rnd.index], own, plan.compression)
-            return parts, own
+            return parts, digests, own
 
         loop = asyncio.get_running_loop()
-        parts, own = await loop.run_in_executor(None, encode_all)
+        parts, part_digests, own = await loop.run_in_executor(None, encode_all)
         await self._add_part(rnd, self._me, weight, own)
         # every slice lands in one buffer as its bytes arrive, hashed on the way: nothing to concatenate
         average = np.empty(plan.n_elems, dtype=np.float32)
@@ -356,7 +465,8 @@ class SyncService:
             if j == rnd.index:
                 tasks.append(asyncio.ensure_future(self._own_slice(rnd, average[a:b])))
             else:
-                tasks.append(asyncio.ensure_future(self._exchange(plan, j, weight, parts[j], average[a:b])))
+                part = (parts[j], part_digests[j])
+                tasks.append(asyncio.ensure_future(self._exchange(plan, j, weight, part, average[a:b])))
         for t in tasks:  # a task that fails after the round gave up on it must not log "never retrieved"
             t.add_done_callback(lambda f: f.cancelled() or f.exception())
         done, pending = await asyncio.wait(tasks, timeout=self._remaining(plan), return_when=asyncio.FIRST_EXCEPTION)
@@ -379,37 +489,97 @@ class SyncService:
         """Wait for this member's own reduction; decode it into ``dest``; return its bytes' sha256."""
         data = await asyncio.shield(rnd.result)
 
-        def decode_and_hash() -> bytes:
-            decode_into(data, dest, rnd.plan.compression)
-            return hashlib.sha256(data).digest()
+        await asyncio.get_running_loop().run_in_executor(None, decode_into, data, dest, rnd.plan.compression)
+        return rnd.result_digest
 
-        return await asyncio.get_running_loop().run_in_executor(None, decode_and_hash)
-
-    async def _exchange(self, plan: RoundPlan, j: int, weight: int, part: Buffer, dest: np.ndarray) -> bytes:
-        """Send this member's part of slice ``j`` to its owner; decode the reduced slice it returns into
-        ``dest`` as it streams in; return the sha256 of that slice's bytes."""
+    async def _exchange(
+        self, plan: RoundPlan, j: int, weight: int, part: tuple[Buffer, bytes], dest: np.ndarray
+    ) -> bytes:
+        """Send this member's part of slice ``j`` (bytes, sha256) to its owner; decode the reduced slice it
+        returns into ``dest`` as it streams in; return the sha256 of that slice's bytes."""
         if self._call_hook("send", plan.revision) == "drop":
             await asyncio.sleep(self._remaining(plan))
             raise SyncAborted("all-reduce timeout (part dropped)", AbortCause.ALLREDUCE_TIMEOUT)
         peer = plan.members[j]
         timeout = min(self._chunk_timeout, self._remaining(plan))
-        _, reader, writer = await asyncio.wait_for(
+        info, reader, writer = await asyncio.wait_for(
             self._p2p.call_binary_stream_handler(PeerID.from_base58(peer), self._name), timeout
         )
+        host = host_of(getattr(info, "addr", None)) if self._listener is not None else None
+        if self._indirect.get(peer, 0.0) > time.monotonic():
+            host = None
+        sock: socket.socket | None = None
         try:
-            header = {"op": "part", "group": plan.group_id, "revision": plan.revision, "slice": j}
-            await write_frame(writer, {**header, "weight": weight}, part, self._chunk_timeout)
+            header = {"op": "part", "group": plan.group_id, "revision": plan.revision, "slice": j, "weight": weight}
+            if host is None:
+                await write_frame(writer, header, part[0], self._chunk_timeout)
+            else:
+                sock = await self._send_direct(plan, peer, host, header, part, reader, writer)
             self._call_hook("sent", plan.revision)
             reply = await read_header(reader, self._remaining(plan))
             check_ok(reply)
             expected = encoded_size(dest.size, plan.compression)
-            if reply["size"] != expected:
-                raise BadBytes(f"slice {j} of {reply['size']} bytes, expected {expected}")
             hasher = hashlib.sha256()
-            await read_vector(reader, dest, plan.compression, self._chunk_timeout, hasher)
+            if sock is None:
+                if reply["size"] != expected:
+                    raise BadBytes(f"slice {j} of {reply['size']} bytes, expected {expected}")
+                await read_vector(reader, dest, plan.compression, self._chunk_timeout, hasher)
+                return hasher.digest()
+            if reply.get("bytes") != expected or reply["size"] != 0:
+                raise BadBytes(f"slice {j} of {reply.get('bytes')} bytes, expected {expected}")
+            conn = sock
+
+            async def fill(view: memoryview, h: Any | None) -> None:
+                await direct.recv_into(conn, view, self._chunk_timeout, h)
+
+            await fill_vector(fill, dest, plan.compression, hasher)
+            if hasher.digest() != reply.get("sha256"):
+                raise BadBytes(f"slice {j} does not match its sha256")
             return hasher.digest()
         finally:
             writer.close()
+            direct.close(sock)
+
+    async def _send_direct(
+        self,
+        plan: RoundPlan,
+        peer: str,
+        host: str,
+        header: dict[str, Any],
+        part: tuple[Buffer, bytes],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> socket.socket | None:
+        """Announce the part's sha256, take the owner's ticket, send the part on a direct connection to the
+        address of this stream's connection. Returns the connection, or None after sending on the stream
+        because the owner could not be reached (then not tried again for ``INDIRECT_FOR_S``)."""
+        me, rev = self._me[-6:], plan.revision
+        await write_frame(writer, {**header, "direct": True, "sha256": part[1]}, b"", self._chunk_timeout)
+        offer = await read_header(reader, self._remaining(plan))
+        check_ok(offer)
+        port, ticket = offer.get("port"), offer.get("ticket")
+        if port == 0:  # the owner takes payloads on streams only
+            await write_frame(writer, {"op": "inline"}, part[0], self._chunk_timeout)
+            return None
+        if not (isinstance(port, int) and 0 < port < 65536 and isinstance(ticket, bytes) and len(ticket) == 16):
+            raise BadBytes("malformed direct offer")
+        try:
+            sock = await direct.connect(host, port, ticket, min(direct.CONNECT_TIMEOUT_S, self._remaining(plan)))
+        except (OSError, TimeoutError) as e:
+            # not reachable (NAT, a relay), or turned away before the owner took the ticket (its greeting
+            # slots all taken by a flood): no ACK, so the owner is still waiting for either path
+            why = type(e).__name__
+            logger.info("[%s rev=%d] %s not reachable directly (%s): sending on the stream", me, rev, peer[-6:], why)
+            self._indirect[peer] = time.monotonic() + INDIRECT_FOR_S
+        else:
+            try:
+                await direct.send(sock, part[0], self._chunk_timeout)
+            except BaseException:
+                direct.close(sock)
+                raise
+            return sock
+        await write_frame(writer, {"op": "inline"}, part[0], self._chunk_timeout)
+        return None
 
     async def ping(self, peer: str, timeout: float) -> bool:
         """Whether ``peer`` answers a ping on this service's stream within ``timeout`` s (never raises)."""

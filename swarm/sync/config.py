@@ -126,6 +126,14 @@ class OuterSyncConfig:
     allreduce_timeout_s: float = field(
         default=60.0, metadata={"help": "Bound on the whole reduce-scatter + all-gather of one round."}
     )
+    direct_payloads: bool = field(
+        default=True,
+        metadata={
+            "help": "Move all-reduce payloads on direct TCP connections (set up, and every payload's sha256 "
+            "checked, over the authenticated P2P stream; not encrypted), falling back to the P2P stream "
+            "where a peer cannot be reached; off: everything on P2P streams (encrypted, ~3x the CPU)."
+        },
+    )
     chunk_timeout_s: float = field(
         default=10.0, metadata={"help": "Bound on moving any one 1 MiB chunk (or header) on a stream."}
     )

@@ -132,6 +132,7 @@ class OuterSync:
             clock,
             hook,
             register_timeout=cfg.allreduce_timeout_s,
+            direct_host=membership.cfg.host if cfg.direct_payloads else None,
         )
         membership.run(self._service.start(), cfg.dht_timeout_s)
         self._prober = Prober(membership, self._service, cfg.ping_timeout_s)
