@@ -14,8 +14,9 @@ phase (the test then SIGKILLs or SIGSTOPs/SIGCONTs its whole process group),
 syncs on wall-time epochs of S seconds. Every sync record carries the step
 (and time) at which its sync started, ``step`` (the step at which it was
 applied) and ``waited_s`` (the loop's total time inside sync calls so far);
-``done`` adds the loop's wall time and, with ``--dump``, this worker's own
-total progress and what of it is still pending (not yet in any average).
+``done`` adds the loop's wall time, this process's peak RSS (``peak_rss_mb``)
+and, with ``--dump``, this worker's own total progress and what of it is still
+pending (not yet in any average).
 
 Started by tests/faults.py (and bench/bench_sync.py, bench/bench_eager.py); not imported by anything
 (no side effects at import).
@@ -27,6 +28,7 @@ import argparse
 import itertools
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -209,10 +211,11 @@ class _Loop:
                 self._write(report, self.steps)
 
     def summary(self) -> dict[str, Any]:
-        """What the ``done`` record adds: steps, the loop's wall time, its time waiting on syncs."""
+        """What the ``done`` record adds: steps, the loop's wall time, its time waiting on syncs, peak RSS."""
         from swarm.sync.tensors import flatten
 
         out: dict[str, Any] = {"steps": self.steps, "train_s": self.train_s, "waited_s": self.waited_s}
+        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # KiB on Linux
         out["skipped_busy"] = self.runner.skipped_busy if self.runner is not None else 0
         if self.own_total is not None:
             out["own_total"] = self.own_total.tolist()

@@ -407,6 +407,8 @@ class SyncService:
             return out
 
         out = await asyncio.get_running_loop().run_in_executor(None, reduce_and_encode)
+        for peer in rnd.parts:  # reduced: the parts' memory goes back now, not when the round ends
+            rnd.parts[peer] = None
         self._call_hook("reduced", plan.revision)
         if not rnd.result.done():
             rnd.result.set_result(out)

@@ -24,6 +24,7 @@ class Assembled:
     """What this member assembled from one all-reduce, and what it caught on the way."""
 
     average: torch.Tensor
+    """The decoded average (:func:`next_state` overwrites it with the outer update: read it before)."""
     digest: str
     """What this member votes: sha256 over the round and every slice's exact bytes."""
     sent: int
@@ -67,7 +68,8 @@ def next_state(
     The new revision is ``snap.revision + 1 + skip`` (see :class:`swarm.sync.decide.GroupDecision`).
     """
     mu = cfg.outer_momentum
-    anchor, momentum = outer_step(snap.anchor, snap.momentum, got.average, cfg.outer_lr, mu, cfg.nesterov)
+    # the average is used up here (its memory holds the update): one vector fewer at the round's peak
+    anchor, momentum = outer_step(snap.anchor, snap.momentum, got.average, cfg.outer_lr, mu, cfg.nesterov, True)
     bound = None
     if got.pseudo is not None:
         own, m = norm(got.pseudo), norm(snap.momentum)

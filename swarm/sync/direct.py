@@ -155,10 +155,13 @@ class Listener:
             await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(conn, ACK), GREETING_TIMEOUT_S)
             fut.set_result(conn)
             self.delivered += 1
-        except (Exception, asyncio.CancelledError):
-            self.refused += 1
+        except asyncio.CancelledError:
             conn.close()
             raise
+        except Exception as e:  # silent, closed, an unknown ticket: nobody awaits this task, so no raise
+            logger.debug("turned a connection away: %s", type(e).__name__)
+            self.refused += 1
+            conn.close()
 
 
 async def connect(host: str, port: int, ticket: bytes, timeout: float) -> socket.socket:

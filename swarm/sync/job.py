@@ -58,7 +58,8 @@ class RoundOutcome:
 
 
 def weights_after(outcome: RoundOutcome, params_now: torch.Tensor) -> torch.Tensor:
-    """The weights once ``outcome`` is applied to weights ``params_now`` (see :meth:`swarm.sync.outer.OuterSync.apply`).
+    """The weights once ``outcome`` is applied to weights ``params_now``, computed in ``params_now``'s memory
+    (see :meth:`swarm.sync.outer.OuterSync.apply`).
 
     After a commit, ``params_now - job.params`` is exactly zero when nothing was
     trained meanwhile, so a blocking sync leaves the weights bit-identical to
@@ -67,6 +68,8 @@ def weights_after(outcome: RoundOutcome, params_now: torch.Tensor) -> torch.Tens
     assert outcome.installed is not None
     job = outcome.job
     since = job.params if outcome.report.committed else job.base.anchor
-    # (params_now - since) first, then added to the anchor: the same two roundings as before
-    out = np.subtract(as_array(params_now), as_array(since))
+    # (params_now - since) first, then added to the anchor: the same two roundings as before, computed in
+    # params_now's own memory (the caller's fresh copy of the weights: no other full-size vector)
+    out = as_array(params_now)
+    np.subtract(out, as_array(since), out=out)
     return torch.from_numpy(np.add(as_array(outcome.installed.anchor), out, out=out))

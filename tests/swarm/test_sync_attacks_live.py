@@ -32,6 +32,7 @@ from hivemind.utils.timed_storage import get_dht_time
 from protocol import SigningKey
 from swarm.identity import load_or_create
 from swarm.membership import Membership, MembershipConfig
+from swarm.sync.errors import PeerLost
 from swarm.sync.records import (
     JOIN_KIND,
     STATE_KIND,
@@ -42,7 +43,6 @@ from swarm.sync.records import (
     seal_record,
     state_key,
 )
-from swarm.sync.errors import PeerLost
 from swarm.sync.wire import read_header, write_frame
 from tests.faults import FaultSwarm, Peer, final_state, hashes_by_revision
 

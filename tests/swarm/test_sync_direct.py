@@ -50,8 +50,14 @@ async def _pair(host_a: str | None, host_b: str | None) -> AsyncIterator[tuple[S
     finally:
         for s in services:
             await s.stop()
-        await b.shutdown()
-        await a.shutdown()
+        for p2p in (b, a):
+            await p2p.shutdown()
+            # hivemind leaves the daemon's subprocess transport open: close it on this running loop, not
+            # in a finalizer at some later garbage collection (in CPython 3.11.7 one that runs during
+            # ast.parse, as pytest imports a module late, fails it: "AST constructor recursion depth")
+            child = getattr(p2p, "_child", None)
+            if child is not None:
+                child._transport.close()
 
 
 async def _round(sa: SyncService, sb: SyncService, flats: tuple[torch.Tensor, torch.Tensor]) -> list[Any]:
