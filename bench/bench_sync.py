@@ -29,7 +29,9 @@ rounds (cold connections, first-touch memory: shown as ``ar1_s`` / ``hm1_s``).
 peak RSS of a peer (MB, ru_maxrss over the whole run of all encodings, so one value per size; the DHT child and p2pd are
 not counted for either; for hivemind the larger of the peer's main process and
 its averager process, the forked child that runs the all-reduce on the shared
-tensors); ``/mdl`` divides by the model's float32 size ``mdl_MB``.
+tensors); ``/mdl`` divides by the model's float32 size ``mdl_MB``. ``+ours`` is
+our peak RSS minus the worker's RSS with everything imported and no model yet:
+the model, the sync's state (anchor, momentum) and every round's buffers.
 
 Usage::
 
@@ -197,6 +199,10 @@ def summarize_ours(records: Records, params: int, warmup: int) -> dict[str, dict
         if failed:
             print(f"# {params / 1e6:.1f}M {enc}: not committed: {failed}", file=sys.stderr, flush=True)
         row: dict[str, Any] = {"ok": f"{len(ok)}/{len(mine)}", "rss_ours": rss}
+        ready = [r for r in records if r.get("event") == "ready" and "base_rss_mb" in r]
+        if ready and rss is not None:
+            # what the model, the sync state and every round's buffers add to a process with everything imported
+            row["added_ours"] = rss - min(r["base_rss_mb"] for r in ready)
         ok, cold = _split_warmup(ok, "step", warmup)
         if cold:
             row["ar1_s"] = statistics.median(r["allreduce_s"] for r in cold)
@@ -307,6 +313,8 @@ def _ratios(row: dict[str, Any]) -> dict[str, Any]:
     for part in ("ours", "hm", "mesh"):
         if row.get(f"rss_{part}") is not None:
             row[f"{part}_mdl"] = row[f"rss_{part}"] / model_mb
+    if row.get("added_ours") is not None:
+        row["added_mdl"] = row["added_ours"] / model_mb
     return row
 
 
@@ -328,6 +336,8 @@ COLUMNS = [
     ("mdl_MB", "model_mb", 7, ".1f"),
     ("rss_ours", "rss_ours", 8, ".0f"),
     ("/mdl", "ours_mdl", 5, ".1f"),
+    ("+ours", "added_ours", 6, ".0f"),
+    ("/mdl", "added_mdl", 5, ".1f"),
     ("rss_hm", "rss_hm", 7, ".0f"),
     ("/mdl", "hm_mdl", 5, ".1f"),
     ("rss_mesh", "rss_mesh", 8, ".0f"),

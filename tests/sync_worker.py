@@ -285,6 +285,14 @@ class _Loop:
         )
 
 
+def _rss_mb() -> float:
+    """This process's resident set now (VmRSS), MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024 / 1e6
+    return 0.0
+
+
 def main(argv: list[str]) -> int:
     # run as a script, sys.path[0] is tests/, whose protocol/ and swarm/ test folders would
     # shadow the real packages: put the repository root first instead.
@@ -306,6 +314,7 @@ def main(argv: list[str]) -> int:
     cfg = _sync_config(args, OuterSyncConfig)
     widths = [int(w) for w in args.arch.split(",")]
     torch.manual_seed(args.init_seed)
+    base_rss_mb = _rss_mb()  # everything imported, no model yet: what the sync's memory is measured from
     model = torch.nn.Sequential(*(torch.nn.Linear(a, b) for a, b in itertools.pairwise(widths)))
     mcfg = MembershipConfig(
         swarm_id=args.swarm, host="127.0.0.1", port=args.port, initial_peers=tuple(args.initial_peer)
@@ -324,6 +333,8 @@ def main(argv: list[str]) -> int:
         revision=sync.revision,
         state_hash=sync.state_hash,
         bound_s=cfg.max_sync_seconds(),
+        base_rss_mb=base_rss_mb,
+        rest_rss_mb=_rss_mb(),
         time=time.time(),
     )
     _wait_file(args.go_file, 120.0)
