@@ -33,8 +33,11 @@ def _snapshot() -> Snapshot:
 
 
 @contextlib.asynccontextmanager
-async def _pair(host_a: str | None, host_b: str | None) -> AsyncIterator[tuple[SyncService, SyncService]]:
-    """Two connected daemons, each with a service whose direct listener (if any) binds the given host."""
+async def _pair(
+    host_a: str | None, host_b: str | None, before_start: Callable[[SyncService], None] | None = None
+) -> AsyncIterator[tuple[SyncService, SyncService]]:
+    """Two connected daemons, each with a service whose direct listener (if any) binds the given host
+    (``before_start`` may change the second service before it registers its handler)."""
     a = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     b = await P2P.create(
         host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=[str(m) for m in await a.get_visible_maddrs()]
@@ -43,6 +46,8 @@ async def _pair(host_a: str | None, host_b: str | None) -> AsyncIterator[tuple[S
         SyncService(p2p, "test.sync", p2p.peer_id.to_base58(), 5.0, _snapshot, direct_host=host)
         for p2p, host in ((a, host_a), (b, host_b))
     ]
+    if before_start is not None:
+        before_start(services[1])
     try:
         for s in services:
             await s.start()
@@ -197,5 +202,30 @@ def test_a_flood_of_silent_connections_costs_only_the_greeting_slots() -> None:
             while listener.greeting and time.monotonic() < end:
                 await asyncio.sleep(0.05)
             assert not listener.greeting
+
+    _run(body)
+
+
+def test_a_ping_whose_stream_closes_before_an_answer_is_asked_again() -> None:
+    """A live peer's first ping stream is closed without an answer (as a daemon under full CPU load
+    sometimes does): the ping asks again and the peer counts as live, not as gone."""
+    closed: list[int] = []
+
+    def flaky(service: SyncService) -> None:
+        real = service._handle
+
+        async def handle(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if not closed:
+                closed.append(1)
+                writer.close()
+                return
+            await real(info, reader, writer)
+
+        service._handle = handle  # type: ignore[method-assign]
+
+    async def body() -> None:
+        async with _pair("127.0.0.1", "127.0.0.1", flaky) as (sa, sb):
+            assert await sa.ping(sb._me, 5.0)  # defence off (one try): False
+            assert closed == [1]
 
     _run(body)
