@@ -112,7 +112,9 @@ def test_signal_at_each_startup_stage_exits_within_the_bound(procs: Procs, stage
     wait_for(lambda: _group_gone(node.pid), 5, "the node's children to exit")
     took = time.monotonic() - t0
     print(f"{signal.Signals(sig).name} at {stage!r}: exit {code} after {took:.2f}s")
-    if stage == "is up":
+    # "joined the swarm" and "is up" are printed milliseconds apart: a signal sent at the first can land
+    # after start-up finished (seen once under the suite's load), and then a clean leave is right
+    if stage == "is up" or (stage != "spawned" and "is up" in node.output()):
         assert code == 0, node.log_tail()  # a clean leave
     elif stage != "spawned":
         assert code == 128 + sig, node.log_tail()
