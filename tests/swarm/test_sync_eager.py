@@ -85,7 +85,10 @@ def _averages_match_members(peers: list[Peer]) -> list[float]:
     """Per committed revision: ||applied average - step-weighted mean of the members' own pseudo-gradients|| / ||mean||.
 
     A member that sent weight 0 (or whose part was dropped) makes this ~1/n or more. ``applied`` is
-    read from a member that did not catch up in that round (its momentum before is its own).
+    read from a member that did not catch up in that round (its momentum before is its own). Rounds in
+    which a reducer clipped a part are left out: with two members the bound is the reducer's own part
+    (x 4), and a first commit after one peer trained alone for a while can pass it (seen under load:
+    norm 2.82 > bound 2.81, deviation 2.5e-3), which is the defence, not a lost contribution.
     """
     by_revision: dict[int, list[Record]] = {}
     for p in peers:
@@ -95,6 +98,8 @@ def _averages_match_members(peers: list[Peer]) -> list[float]:
     out = []
     for revision, rs in sorted(by_revision.items()):
         assert len(rs) == rs[0]["group_size"], (revision, rs)  # every member is one of ours and dumped
+        if any("clipped part" in r["suspect_peers"].values() for r in rs):
+            continue
         parts = [r for r in rs if r["weight"]]  # weight 0: no part sent (nothing trained)
         weights = torch.tensor(clamp_weights([r["weight"] for r in parts], 4.0), dtype=torch.float64)
         mean = (torch.stack([_vec(r, "pseudo") for r in parts]) * weights[:, None]).sum(0) / weights.sum()
