@@ -35,20 +35,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.peer_common import Reporter
+    from tests.procs import Reporter
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--peers", type=int, default=4)
+    from bench.peer_common import group_parser
+
+    p = group_parser(__doc__ or "")
     p.add_argument("--width", type=int, required=True, help="w: a w x w weight and a w bias")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--encodings", default="none,fp16,int8")
-    p.add_argument("--rounds-per", type=int, default=2)
-    p.add_argument("--report", required=True)
     p.add_argument("--barrier-dir", required=True, help="folder of the per-round file barriers")
     p.add_argument("--initial-peer", action="append", default=[])
     p.add_argument("--match-timeout", type=float, default=60.0, help="bound on finding a group, s")
@@ -205,13 +202,14 @@ def _run_encoding(args: argparse.Namespace, dht: Any, tensors: list[Any], encodi
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))  # run as a script: bench/ is importable from the repository root
+    args = _parse(argv)
     import hivemind
     import torch
 
-    from bench.peer_common import Reporter, self_peak_rss_mb
+    from bench.peer_common import self_peak_rss_mb
+    from tests.procs import Reporter
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)  # as tests/sync_worker.py: 4 peers share the machine's cores

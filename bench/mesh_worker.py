@@ -30,20 +30,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.peer_common import Reporter
+    from tests.procs import Reporter
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--peers", type=int, default=4)
+    from bench.peer_common import group_parser
+
+    p = group_parser(__doc__ or "")
     p.add_argument("--numel", type=int, required=True, help="elements per peer vector")
-    p.add_argument("--encodings", default="none,fp16,int8")
-    p.add_argument("--rounds-per", type=int, default=2)
     p.add_argument("--dir", required=True, help="folder of the port files")
-    p.add_argument("--report", required=True)
     p.add_argument("--timeout", type=float, default=120.0, help="bound on connecting and on every socket call, s")
     return p.parse_args(argv)
 
@@ -186,10 +183,11 @@ def _run(args: argparse.Namespace, conns: dict[int, socket.socket], out: Reporte
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))  # run as a script: bench/ is importable from the repository root
-    from bench.peer_common import Reporter, self_peak_rss_mb
+    args = _parse(argv)
+    from bench.peer_common import self_peak_rss_mb
+    from tests.procs import Reporter
 
     out = Reporter(args.report)
     listener = socket.create_server(("127.0.0.1", 0))

@@ -1,4 +1,5 @@
-"""What the comparison workers of bench/bench_sync.py share: JSON-lines reports, a file barrier, peak memory.
+"""What the comparison workers of bench/bench_sync.py share: their arguments, a file barrier, peak memory
+(their JSON-lines reports are ``tests.procs.Reporter``, as tests/sync_worker.py's).
 
 Used by bench/hivemind_avg_worker.py and bench/mesh_worker.py (each one
 process of a 4-peer group on 127.0.0.1); no side effects at import.
@@ -6,25 +7,24 @@ process of a 4-peer group on 127.0.0.1); no side effects at import.
 
 from __future__ import annotations
 
-import json
+import argparse
 import resource
 import time
 from pathlib import Path
-from typing import Any
 
 ENCODINGS = ("none", "fp16", "int8")
 BYTES_PER_ELEMENT = {"none": 4, "fp16": 2, "int8": 1}
 
 
-class Reporter:
-    """Appends one JSON object per line; each line is flushed, so the bench can read it while the peer runs."""
-
-    def __init__(self, path: str) -> None:
-        self._f = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the process)
-
-    def write(self, **record: Any) -> None:
-        self._f.write(json.dumps(record) + "\n")
-        self._f.flush()
+def group_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every comparison worker takes (its place in the group, the encodings, its report)."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--peers", type=int, default=4)
+    p.add_argument("--encodings", default=",".join(ENCODINGS))
+    p.add_argument("--rounds-per", type=int, default=2)
+    p.add_argument("--report", required=True)
+    return p
 
 
 def file_barrier(folder: Path, name: str, rank: int, peers: int, timeout: float, poll: float = 0.002) -> bool:

@@ -23,6 +23,7 @@ with a message (and the log of a watched process that died) instead of sleeping.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -33,12 +34,24 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 T = TypeVar("T")
+
+
+class Reporter:
+    """Appends one JSON object per line to a peer's report; each line is flushed, so a test or bench can
+    read it while the peer runs (used by tests/sync_worker.py and bench/'s comparison workers)."""
+
+    def __init__(self, path: str) -> None:
+        self._f = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the process)
+
+    def write(self, **record: Any) -> None:
+        self._f.write(json.dumps(record) + "\n")
+        self._f.flush()
 
 
 def poll_until(cond: Callable[[], T | None], timeout: float, poll: float = 0.05) -> T | None:

@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import resource
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.procs import Reporter
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -67,15 +69,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--claim-steps", type=int, default=0, help="be a hostile member claiming this many inner steps")
     p.add_argument("--max-weight-ratio", type=float, default=4.0, help="max_weight_ratio")
     return p.parse_args(argv)
-
-
-class Reporter:
-    def __init__(self, path: str) -> None:
-        self._f = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the process)
-
-    def write(self, **record: Any) -> None:
-        self._f.write(json.dumps(record) + "\n")
-        self._f.flush()
 
 
 def _hook(faults: list[str], out: Reporter) -> Any:
@@ -305,6 +298,7 @@ def main(argv: list[str]) -> int:
     from swarm.identity import load_or_create
     from swarm.membership import Membership, MembershipConfig
     from swarm.sync import OuterSync, OuterSyncConfig, model_fingerprint
+    from tests.procs import Reporter
 
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
