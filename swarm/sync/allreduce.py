@@ -161,10 +161,13 @@ class SyncService:
         hook: Hook | None = None,
         register_timeout: float = 10.0,
         direct_host: str | None = None,
+        direct_send: bool | None = None,
     ) -> None:
         self._p2p, self._name, self._me = p2p, name, me
-        # payloads on direct TCP connections (swarm.sync.direct), listening on this host; None: P2P streams only
+        # payloads on direct TCP connections (swarm.sync.direct): taken on a listener on ``direct_host``
+        # (None: on P2P streams), sent to owners that offer one when ``direct_send`` (default: if listening)
         self._listener = direct.Listener(direct_host) if direct_host is not None else None
+        self._direct_send = direct_host is not None if direct_send is None else direct_send
         self._indirect: dict[str, float] = {}
         """Owners this member could not reach directly, until when (monotonic) it sends them on the stream."""
         self._chunk_timeout = chunk_timeout
@@ -454,7 +457,7 @@ class SyncService:
                 return [b""] * len(bounds), [hashlib.sha256(b"").digest()] * len(bounds), None
             # with compression "none" the parts are views of ``flat`` (no copies); own part as the others see it
             parts = [encode_view(flat[a:b], plan.compression) for a, b in bounds]
-            digests = [hashlib.sha256(p).digest() if self._listener else b"" for p in parts]
+            digests = [hashlib.sha256(p).digest() if self._direct_send else b"" for p in parts]
             own = np.empty(hi - lo, dtype=np.float32)
             decode_into(parts[rnd.index], own, plan.compression)
             return parts, digests, own
@@ -509,7 +512,7 @@ class SyncService:
         info, reader, writer = await asyncio.wait_for(
             self._p2p.call_binary_stream_handler(PeerID.from_base58(peer), self._name), timeout
         )
-        host = host_of(getattr(info, "addr", None)) if self._listener is not None else None
+        host = host_of(getattr(info, "addr", None)) if self._direct_send else None
         if self._indirect.get(peer, 0.0) > time.monotonic():
             host = None
         sock: socket.socket | None = None

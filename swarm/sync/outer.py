@@ -132,7 +132,11 @@ class OuterSync:
             clock,
             hook,
             register_timeout=cfg.allreduce_timeout_s,
-            direct_host=membership.cfg.host if cfg.direct_payloads else None,
+            # a node that accepts no incoming connections cannot take payloads directly either: with no
+            # listener it asks senders for the stream at once (none waits out a connect to it); it still
+            # sends its own directly to owners that listen
+            direct_host=membership.cfg.host if cfg.direct_payloads and not membership.cfg.client_mode else None,
+            direct_send=cfg.direct_payloads,
         )
         membership.run(self._service.start(), cfg.dht_timeout_s)
         self._prober = Prober(membership, self._service, cfg.ping_timeout_s)

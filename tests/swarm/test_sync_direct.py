@@ -42,8 +42,10 @@ async def _pair(
     b = await P2P.create(
         host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=[str(m) for m in await a.get_visible_maddrs()]
     )
+    # a service without a listener still sends directly (a node in client mode); both None: streams only
+    send = host_a is not None or host_b is not None
     services = [
-        SyncService(p2p, "test.sync", p2p.peer_id.to_base58(), 5.0, _snapshot, direct_host=host)
+        SyncService(p2p, "test.sync", p2p.peer_id.to_base58(), 5.0, _snapshot, direct_host=host, direct_send=send)
         for p2p, host in ((a, host_a), (b, host_b))
     ]
     if before_start is not None:
@@ -101,6 +103,22 @@ def test_direct_payloads_give_the_same_bits_as_the_stream() -> None:
             assert np.array_equal(r.average, results[0].average)
             assert r.digests == results[0].digests  # the vote digests do not depend on the path
         assert np.allclose(results[0].average, expected, atol=1e-6)
+
+    _run(body)
+
+
+def test_an_owner_without_a_listener_asks_for_the_stream() -> None:
+    """b listens for no payloads (as a node in client mode, behind NAT): a, which would send directly, is
+    told so in b's answer and sends on the stream at once; b still sends its part to a directly."""
+    flats = _flats()
+
+    async def body() -> None:
+        async with _pair("127.0.0.1", None) as (sa, sb):
+            results = await _round(sa, sb, flats)
+            assert all(isinstance(r, AllReduceResult) for r in results), results
+            assert np.array_equal(results[0].average, results[1].average)
+            assert sa._listener is not None and sa._listener.delivered == 1  # b's part, sent directly
+            assert not sa._indirect  # told, not a failed connection: nothing to wait out next time
 
     _run(body)
 
