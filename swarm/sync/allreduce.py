@@ -50,7 +50,6 @@ from swarm.sync.tensors import state_hash as compute_state_hash
 from swarm.sync.wire import (
     check_ok,
     check_weight,
-    fill_vector,
     read_header,
     read_payload,
     read_vector,
@@ -362,14 +361,7 @@ class SyncService:
         if not expected:
             return None
         part = np.empty(rnd.n, dtype=np.float32)
-        hasher = hashlib.sha256()
-
-        async def fill(dest: memoryview, h: Any | None) -> None:
-            await direct.recv_into(sock, dest, self._chunk_timeout, h)
-
-        await fill_vector(fill, part, rnd.plan.compression, hasher)
-        if hasher.digest() != digest:
-            raise BadBytes("part does not match its sha256")
+        await direct.recv_vector(sock, part, rnd.plan.compression, self._chunk_timeout, digest)
         return part
 
     async def _add_part(self, rnd: _Round, peer: str, weight: int, part: np.ndarray | None) -> None:
@@ -532,17 +524,11 @@ class SyncService:
                     raise BadBytes(f"slice {j} of {reply['size']} bytes, expected {expected}")
                 await read_vector(reader, dest, plan.compression, self._chunk_timeout, hasher)
                 return hasher.digest()
-            if reply.get("bytes") != expected or reply["size"] != 0:
-                raise BadBytes(f"slice {j} of {reply.get('bytes')} bytes, expected {expected}")
-            conn = sock
-
-            async def fill(view: memoryview, h: Any | None) -> None:
-                await direct.recv_into(conn, view, self._chunk_timeout, h)
-
-            await fill_vector(fill, dest, plan.compression, hasher)
-            if hasher.digest() != reply.get("sha256"):
-                raise BadBytes(f"slice {j} does not match its sha256")
-            return hasher.digest()
+            digest = reply.get("sha256")
+            if reply.get("bytes") != expected or reply["size"] != 0 or not isinstance(digest, bytes):
+                raise BadBytes(f"slice {j} of {reply.get('bytes')} bytes, expected {expected}, with a sha256")
+            await direct.recv_vector(sock, dest, plan.compression, self._chunk_timeout, digest)
+            return digest
         finally:
             writer.close()
             direct.close(sock)

@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 from typing import Any, cast
 
+import numpy as np
 import pytest
 import torch
 
@@ -209,6 +210,29 @@ def test_compression_round_trip(compression: str) -> None:
         scale = x[:INT8_CHUNK].abs().max() / 127
         assert (x[:INT8_CHUNK] - y[:INT8_CHUNK]).abs().max() <= scale / 2 + 1e-7
     assert decode(data, x.numel(), compression).numpy().tobytes() == y.numpy().tobytes()  # deterministic
+
+
+def _reference_encoding(x: np.ndarray, compression: str) -> bytes:
+    """The wire format written plainly in numpy (explicit little-endian dtypes)."""
+    if compression == "fp16":
+        return bytes(np.clip(x, -65504.0, 65504.0).astype("<f2").tobytes())
+    padded = np.zeros(-(-x.size // INT8_CHUNK) * INT8_CHUNK, dtype=np.float32)
+    padded[: x.size] = x
+    chunks = padded.reshape(-1, INT8_CHUNK)
+    scales = np.abs(chunks).max(axis=1) / np.float32(127.0)
+    scales = np.where(scales > 0, scales, np.float32(1.0)).astype(np.float32)
+    q = np.clip(np.rint(chunks / scales[:, None]), -127, 127).astype(np.int8).reshape(-1)[: x.size]
+    return bytes(scales.astype("<f4").tobytes() + q.tobytes())
+
+
+@pytest.mark.parametrize("compression", ["fp16", "int8"])
+@pytest.mark.parametrize("n", [1, INT8_CHUNK, 3 * INT8_CHUNK + 17])
+def test_fast_encodings_write_the_reference_bytes(compression: str, n: int) -> None:
+    """The in-place / torch-copy encoders give exactly the plain numpy encoding (a 1e6 value included:
+    clamped under fp16), so peers on either code path send the same bytes."""
+    x = 3 * torch.randn(n, generator=torch.Generator().manual_seed(n))
+    x[0] = 1e6
+    assert encode(x, compression) == _reference_encoding(x.numpy(), compression)
 
 
 @pytest.mark.parametrize("compression", ["none", "fp16", "int8"])
