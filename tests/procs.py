@@ -15,7 +15,7 @@ the ``procs`` fixture (tests/conftest.py). The specific harnesses sit on it:
 * tests/faults.py: sync peers (tests/sync_worker.py) and their JSON-lines reports;
 * tests/swarm/workers.py: exchange workers driven over stdin/stdout;
 * tests/integration/nodes.py: ``python -m node`` processes, started directly or
-  forked by the fork server tests/integration/zygote.py.
+  forked by the node fork server (node/cli/forkserver.py).
 
 :func:`wait_for` is the one way a test waits: it polls a condition and fails
 with a message (and the log of a watched process that died) instead of sleeping.

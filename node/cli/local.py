@@ -9,6 +9,7 @@ always bounded: SIGTERM, a grace period, then SIGKILL of the PIDs we started.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from node.cli.errors import CliError
+from node.cli.forkserver import ForkedNode, ForkServer
 from node.cli.main import node_args_to_list
 from node.cli.signals import stop_signals
 from node.core.options import LocalOptions, default_of, sync_partner_warning
@@ -26,6 +28,8 @@ from node.dashboard.server import Dashboard, DashboardConfig, swarm_view
 from node.observe.metrics import read_events
 from protocol import short_id
 from swarm.identity import load_or_create
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_LOCAL_MODELS = ("tiny-s", "tiny-m", "tiny-l", "tiny-gpt2")
 STOP_GRACE_S = 15.0
@@ -37,7 +41,7 @@ class Child:
     index: int
     model: str
     peer_id: str
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | ForkedNode
     log: TextIO
     external: int
 
@@ -54,10 +58,10 @@ def _models(args: Any) -> list[str]:
     return list(DEFAULT_LOCAL_MODELS)
 
 
-def _spawn(args: Any, i: int, model: str, log_dir: Path, peers: list[str]) -> Child:
+def _spawn(args: Any, i: int, model: str, log_dir: Path, peers: list[str], server: ForkServer | None) -> Child:
     key = log_dir / "keys" / f"node{i}.key"
     identity = load_or_create(key)
-    cmd = [sys.executable, "-m", "node", "join" if peers else "start"]
+    cmd = ["join" if peers else "start"]
     for p in peers:
         cmd += ["--peer", p]
     cmd += [*node_args_to_list(args), "--model", model, "--identity", str(key), "--log-dir", str(log_dir)]
@@ -67,7 +71,12 @@ def _spawn(args: Any, i: int, model: str, log_dir: Path, peers: list[str]) -> Ch
     if i >= args.nodes - args.isolated:
         cmd += ["--external", "0"]
     log = open(log_dir / f"node{i}.log", "w")  # noqa: SIM115 - closed in _stop_all
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc: subprocess.Popen[bytes] | ForkedNode
+    if server is None:
+        cmd = [sys.executable, "-m", "node", *cmd]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    else:
+        proc = server.spawn(cmd, log_dir / f"node{i}.log")
     external = 0 if i >= args.nodes - args.isolated else args.external_groups
     return Child(i, model, identity.peer_id, proc, log, external)
 
@@ -106,7 +115,10 @@ def _stop_all(children: list[Child]) -> None:
             os.killpg(c.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        c.proc.wait(5)
+        try:
+            c.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            logger.warning("node %d (pid %d) did not exit after SIGKILL", c.index, c.proc.pid)
         c.log.close()
 
 
@@ -131,12 +143,15 @@ def run_local(args: Any) -> int:
     children: list[Child] = []
     t0 = time.monotonic()
     dash = _start_dashboard(args, log_dir)
+    server: ForkServer | None = None
     try:
-        first = _spawn(args, 0, models[0], log_dir, [])
+        if not args.fresh_processes:
+            server = ForkServer(log_dir / "forkserver.log")
+        first = _spawn(args, 0, models[0], log_dir, [], server)
         children.append(first)
         boot = _wait_ready(first, log_dir / "node0.ready", READY_TIMEOUT_S)["multiaddrs"]
         for i in range(1, args.nodes):
-            children.append(_spawn(args, i, models[i % len(models)], log_dir, boot))
+            children.append(_spawn(args, i, models[i % len(models)], log_dir, boot, server))
         for c in children[1:]:
             _wait_ready(c, log_dir / f"node{c.index}.ready", READY_TIMEOUT_S)
         (log_dir / "go").touch()
@@ -144,6 +159,8 @@ def run_local(args: Any) -> int:
         _watch(children, log_dir, args, stop)
     finally:
         _stop_all(children)
+        if server is not None:
+            server.close()
         if dash is not None:
             dash.close()
     table = summary_table(children, log_dir)

@@ -215,6 +215,12 @@ class LocalOptions(NodeOptions):
     models: str = option("", "comma-separated models assigned round-robin to nodes", group="local swarm")
     round_timeout: float = option(120.0, "give up if no node progresses this long (s)", group="local swarm")
     no_dashboard: bool = option(False, "do not serve the swarm dashboard", group="local swarm")
+    fresh_processes: bool = option(
+        False,
+        "start each node as a fresh python process instead of forking one that imported everything once "
+        "(slower start and more memory per node)",
+        group="local swarm",
+    )
 
 
 def flag_of(f: Any) -> str:

@@ -4,7 +4,7 @@ A thin layer over tests/procs.py: each node runs in its own session (process
 group), so a SIGKILL takes its DHT child and p2pd with it, like a machine
 crash, and teardown reaps only the groups we started. Nodes are started
 either as ``python -m node`` (:class:`Swarm`) or forked from a server that
-imported everything once (:class:`Zygote`, server in tests/integration/zygote.py).
+imported everything once (:class:`Zygote`, server in node/cli/forkserver.py).
 """
 
 from __future__ import annotations
@@ -83,22 +83,30 @@ class Swarm:
 
 
 class Zygote:
-    """Client of the fork server tests/integration/zygote.py: node processes without paying the imports each time.
+    """Client of the node fork server (node/cli/forkserver.py, as ``swarm-node local`` uses it): node
+    processes without paying the imports each time.
 
     Each child is a real process in its own session, adopted by ``procs``, so
-    it is signalled and reaped like any other group.
+    it is signalled and reaped like any other group (the server reports exits;
+    ``procs`` watches the pid itself).
     """
 
     def __init__(self, procs: Procs) -> None:
         self.procs = procs
-        self.server = procs.start("zygote", [PYTHON, "-m", "tests.integration.zygote"], pipe=True)
+        self.server = procs.start("zygote", [PYTHON, "-m", "node.cli.forkserver"], pipe=True)
         self.started = 0
         # the heavy imports take a while on a loaded machine; a dead server fails at once
-        assert self._readline() == "ready", self.server.log_tail()
+        assert "ready" in self._reply(), self.server.log_tail()
 
-    def _readline(self) -> str:
+    def _reply(self) -> dict[str, Any]:
+        """The next answer to a request (exit reports of earlier children are skipped)."""
         assert self.server.popen.stdout is not None
-        return self.server.popen.stdout.readline().strip()
+        while True:
+            line = self.server.popen.stdout.readline()
+            assert line, f"the fork server exited:\n{self.server.log_tail()}"
+            msg = dict(json.loads(line))
+            if "exit" not in msg:
+                return msg
 
     def start(self, argv: list[str], log: Path) -> Group:
         """A node running ``swarm-node ARGV``, its output appended to ``log``."""
@@ -106,7 +114,7 @@ class Zygote:
         assert stdin is not None
         stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
         stdin.flush()
-        line = self._readline()
-        assert line.isdigit(), f"the fork server answered {line!r}:\n{self.server.log_tail()}"
+        reply = self._reply()
+        assert "pid" in reply, f"the fork server answered {reply!r}:\n{self.server.log_tail()}"
         self.started += 1
-        return self.procs.adopt(f"node-{self.started}", int(line), log)
+        return self.procs.adopt(f"node-{self.started}", int(reply["pid"]), log)
