@@ -3,7 +3,7 @@
 Usage::
 
     python bench/bench_scale.py [--nodes 4 8 16] [--rounds 20] [--model tiny-s] [--split 4/4]
-                                [--compare-isolated] [--budget-s 900]
+                                [--compare-isolated] [--launchers fork,fresh] [--budget-s 900]
 
 For each N it runs ``swarm-node local --nodes N`` (every node the same model,
 ``--split`` local/external groups) and measures, from the nodes' metrics:
@@ -11,8 +11,13 @@ round time p50/p95 (round 1 excluded), fetch failures per node-round (peers
 that did not answer in time), external groups actually trained on per
 node-round, and wall time. While the swarm runs, it samples each node's
 process tree (the node's python process, its hivemind DHT child and ``p2pd``)
-with psutil: peak RSS and peak USS (memory unique to the process; RSS counts
-shared torch pages once per process).
+with psutil: peak RSS, USS (memory unique to the process; RSS counts shared
+torch pages once per process) and PSS (each shared page divided among the
+processes that map it: the honest per-node share when nodes are forked from
+one server). ``--launchers fork,fresh`` runs every N both ways, side by side:
+nodes forked from ``local``'s fork server (the default) and fresh python
+processes (``--fresh-processes``); the fork server's own PSS is divided among
+the nodes in the per-node total, and the start time is ``local``'s "nodes up".
 
 ``--compare-isolated`` adds, for the first N, the same swarm with sharing off
 at equal compute: ``I+J`` local groups and 0 external (no collect; rollouts
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -47,12 +53,17 @@ class Peak:
 
     rss: int = 0
     uss: int = 0
+    pss: int = 0
+
+
+KINDS = ("node", "dht", "p2pd", "shm")
 
 
 def _kind(proc: psutil.Process, root: int) -> str:
     if proc.pid == root:
         return "node"
-    return "p2pd" if "p2pd" in proc.name() else "dht"
+    name = proc.name()
+    return "p2pd" if "p2pd" in name else "shm" if "shm_manager" in name else "dht"
 
 
 def sample_tree(pid: int, peaks: dict[str, Peak]) -> None:
@@ -72,9 +83,33 @@ def sample_tree(pid: int, peaks: dict[str, Peak]) -> None:
         cur = now.setdefault(kind, Peak())
         cur.rss += info.rss
         cur.uss += info.uss
+        cur.pss += info.pss
     for kind, cur in now.items():
         best = peaks.setdefault(kind, Peak())
-        best.rss, best.uss = max(best.rss, cur.rss), max(best.uss, cur.uss)
+        best.rss, best.uss, best.pss = max(best.rss, cur.rss), max(best.uss, cur.uss), max(best.pss, cur.pss)
+
+
+def _descendants_pss(pid: int) -> int:
+    """Summed PSS of every process below ``pid`` (not ``pid`` itself): shared pages counted exactly once."""
+    total = 0
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return 0
+    for proc in procs:
+        try:
+            total += proc.memory_full_info().pss
+        except psutil.Error:
+            continue
+    return int(total)
+
+
+def _fork_server(pid: int) -> int | None:
+    """The pid of ``local``'s fork server (a child of ``pid``), if it runs one."""
+    try:
+        return next((c.pid for c in psutil.Process(pid).children() if "node.cli.forkserver" in c.cmdline()), None)
+    except psutil.Error:
+        return None
 
 
 def pct(values: list[float], q: float) -> float:
@@ -96,6 +131,9 @@ class SwarmStats:
     fetch_failed: int = 0
     external: int = 0
     memory: dict[int, dict[str, Peak]] = field(default_factory=dict)  # node index -> kind -> peak
+    server: Peak = field(default_factory=Peak)  # the fork server's own memory (none for fresh processes)
+    total_pss: int = 0  # peak PSS of everything local started (nodes, their daemons, the fork server), all nodes up
+    up_s: float = float("nan")  # local's "N nodes up in X s"
 
     def per_node_round(self, value: int) -> float:
         return value / max(self.rounds_done, 1)
@@ -111,26 +149,40 @@ def _ready_pids(log_dir: Path) -> dict[int, int]:
     return pids
 
 
-def run_swarm(label: str, n: int, rounds: int, model: str, local: int, external: int, timeout: float) -> SwarmStats:
+def run_swarm(
+    label: str, n: int, rounds: int, model: str, split: tuple[int, int], timeout: float, fresh: bool = False
+) -> SwarmStats:
     """One ``swarm-node local`` run, sampling memory while it goes."""
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = Path(tmp)
         cmd = [sys.executable, "-m", "node", "local", "--nodes", str(n), "--rounds", str(rounds)]
-        cmd += ["--models", model, "--local", str(local), "--external", str(external)]
+        cmd += ["--models", model, "--local", str(split[0]), "--external", str(split[1])]
         cmd += ["--log-dir", str(log_dir), "--round-timeout", "120", "--no-dashboard"]
+        cmd += ["--fresh-processes"] if fresh else []
         t0 = time.monotonic()
         stats = SwarmStats(label, n, 0, False, 0.0)
+        every = max(2.0, n / 4)  # reading smaps costs ~10 ms a process: keep the sampler's CPU small
         with open(log_dir / "local.out", "w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
             while proc.poll() is None and time.monotonic() - t0 < timeout:
-                for i, pid in _ready_pids(log_dir).items():
+                ready = _ready_pids(log_dir)
+                for i, pid in ready.items():
                     sample_tree(pid, stats.memory.setdefault(i, {}))
-                time.sleep(2.0)
+                if len(ready) == n:
+                    stats.total_pss = max(stats.total_pss, _descendants_pss(proc.pid))
+                server = _fork_server(proc.pid)
+                if server is not None:
+                    only: dict[str, Peak] = {}
+                    sample_tree(server, only)  # its children are the nodes: only its own entry counts
+                    stats.server = only.get("node", stats.server)
+                time.sleep(every)
             if proc.poll() is None:
                 proc.terminate()
             proc.wait(120)
         stats.wall_s = time.monotonic() - t0
         stats.ok = proc.returncode == 0
+        up = re.search(r"nodes up in ([0-9.]+)s", (log_dir / "local.out").read_text())
+        stats.up_s = float(up.group(1)) if up else float("nan")
         for path in log_dir.glob("*/metrics.jsonl"):
             for e in read_events(path, "round"):
                 stats.rounds_done += 1
@@ -164,14 +216,18 @@ def report(rows: list[SwarmStats], isolated: SwarmStats | None, cores: int) -> N
         base = rows[0]
         ratio = pct(base.round_s, 0.5) / pct(isolated.round_s, 0.5)
         print(f"\nRound time, sharing on / off at equal compute (N={base.nodes}, p50): {ratio:.2f}x")
-    print("\nPeak memory per node (MB, mean over nodes): RSS / USS")
-    print("| run | N | python node | DHT child | p2pd | node total USS |")
-    print("|---|---|---|---|---|---|")
+    print("\nStart and peak memory per node (MB, mean over nodes): PSS (USS)")
+    print("| run | N | nodes up s | python node | DHT child | p2pd | torch shm manager | fork server ", end="")
+    print("| **all processes' PSS / N** | node total USS |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for s in rows:
-        cells = [f"{_mb(k, s, 'rss')} / {_mb(k, s, 'uss')}" for k in ("node", "dht", "p2pd")]
-        totals = [sum(p.uss for p in m.values()) / 2**20 for m in s.memory.values()]
-        total = f"{statistics.fmean(totals):.0f}" if totals else "-"
-        print(f"| {s.label} | {s.nodes} | " + " | ".join(cells) + f" | {total} |")
+        cells = [f"{_mb(k, s, 'pss')} ({_mb(k, s, 'uss')})" for k in KINDS]
+        server = f"{s.server.pss / 2**20:.0f} ({s.server.uss / 2**20:.0f})" if s.server.rss else "-"
+        uss = [sum(p.uss for p in m.values()) / 2**20 for m in s.memory.values()]
+        per_node = s.total_pss / max(s.nodes, 1) / 2**20
+        total_uss = f"{statistics.fmean(uss):.0f}" if uss else "-"
+        print(f"| {s.label} | {s.nodes} | {s.up_s:.1f} | " + " | ".join(cells) + f" | {server} ", end="")
+        print(f"| **{per_node:.0f}** | {total_uss} |")
 
 
 def main() -> None:
@@ -182,17 +238,24 @@ def main() -> None:
     ap.add_argument("--split", default="4/4", help="local/external groups per round")
     ap.add_argument("--compare-isolated", action="store_true", help="also run the first N with sharing off")
     ap.add_argument("--budget-s", type=float, default=900.0, help="per-run time limit")
+    ap.add_argument("--launchers", default="fork", help="comma-separated: fork (the default), fresh, or both")
     args = ap.parse_args()
     local, external = parse_split(args.split)
+    launchers = [w.strip() for w in args.launchers.split(",")]
+    if not set(launchers) <= {"fork", "fresh"}:
+        ap.error("--launchers: use fork, fresh or fork,fresh")
     rows = []
     for n in args.nodes:
-        label = f"{args.model} {args.split}"
-        rows.append(run_swarm(label, n, args.rounds, args.model, local, external, args.budget_s))
-        print(f"N={n} done in {rows[-1].wall_s:.0f}s", file=sys.stderr)
+        for launcher in launchers:  # side by side, same N, one after the other
+            label = f"{args.model} {args.split} {launcher}"
+            split = (local, external)
+            rows.append(run_swarm(label, n, args.rounds, args.model, split, args.budget_s, launcher == "fresh"))
+            print(f"N={n} {launcher} done in {rows[-1].wall_s:.0f}s", file=sys.stderr)
     isolated = None
     if args.compare_isolated:
         label = f"{args.model} {local + external}/0"
-        isolated = run_swarm(label, args.nodes[0], args.rounds, args.model, local + external, 0, args.budget_s)
+        split = (local + external, 0)
+        isolated = run_swarm(label, args.nodes[0], args.rounds, args.model, split, args.budget_s)
     report(rows, isolated, psutil.cpu_count() or 0)
 
 

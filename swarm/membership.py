@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 import time
@@ -245,7 +246,7 @@ class Membership:
                 logger.debug("address book not updated: %s", e)
 
     def _start_dht(self, initial_peers: tuple[str, ...]) -> hivemind.DHT:
-        shield_shm_manager()
+        share_memory_by_fd()
         kwargs: dict[str, Any] = {
             "host_maddrs": [f"/ip4/{self.cfg.host}/tcp/{self.cfg.port}"],
             "identity_path": str(self.identity.path),
@@ -322,6 +323,24 @@ class Membership:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def share_memory_by_fd() -> None:
+    """Have hivemind share tensors by file descriptor, so no ``torch_shm_manager`` process is started.
+
+    hivemind sets torch's ``file_system`` strategy at import (unless
+    ``HIVEMIND_MEMORY_SHARING_STRATEGY`` says otherwise). Its only use here is
+    the one byte of state of each future between a node and its DHT process,
+    and under ``file_system`` the first one forks a manager process per node
+    (~56 MB unique memory measured, about a quarter of a tiny node) that reads
+    its address in native code holding the GIL: a Ctrl-C that killed the manager
+    before it answered left the node spinning at 100% CPU for good. Passing the
+    descriptor needs neither. A strategy the operator set in that variable is
+    kept (then the manager starts shielded, see :func:`shield_shm_manager`).
+    """
+    if "HIVEMIND_MEMORY_SHARING_STRATEGY" not in os.environ:
+        torch.multiprocessing.set_sharing_strategy("file_descriptor")
+    shield_shm_manager()
 
 
 def shield_shm_manager() -> None:
