@@ -16,8 +16,9 @@ torch pages once per process) and PSS (each shared page divided among the
 processes that map it: the honest per-node share when nodes are forked from
 one server). ``--launchers fork,fresh`` runs every N both ways, side by side:
 nodes forked from ``local``'s fork server (the default) and fresh python
-processes (``--fresh-processes``); the fork server's own PSS is divided among
-the nodes in the per-node total, and the start time is ``local``'s "nodes up".
+processes (``--fresh-processes``). A node's total PSS is the sum of its
+processes' peaks plus the fork server's PSS divided among the nodes (an upper
+bound: the peaks need not coincide); the start time is ``local``'s "nodes up".
 
 ``--compare-isolated`` adds, for the first N, the same swarm with sharing off
 at equal compute: ``I+J`` local groups and 0 external (no collect; rollouts
@@ -89,21 +90,6 @@ def sample_tree(pid: int, peaks: dict[str, Peak]) -> None:
         best.rss, best.uss, best.pss = max(best.rss, cur.rss), max(best.uss, cur.uss), max(best.pss, cur.pss)
 
 
-def _descendants_pss(pid: int) -> int:
-    """Summed PSS of every process below ``pid`` (not ``pid`` itself): shared pages counted exactly once."""
-    total = 0
-    try:
-        procs = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return 0
-    for proc in procs:
-        try:
-            total += proc.memory_full_info().pss
-        except psutil.Error:
-            continue
-    return int(total)
-
-
 def _fork_server(pid: int) -> int | None:
     """The pid of ``local``'s fork server (a child of ``pid``), if it runs one."""
     try:
@@ -132,7 +118,6 @@ class SwarmStats:
     external: int = 0
     memory: dict[int, dict[str, Peak]] = field(default_factory=dict)  # node index -> kind -> peak
     server: Peak = field(default_factory=Peak)  # the fork server's own memory (none for fresh processes)
-    total_pss: int = 0  # peak PSS of everything local started (nodes, their daemons, the fork server), all nodes up
     up_s: float = float("nan")  # local's "N nodes up in X s"
 
     def per_node_round(self, value: int) -> float:
@@ -168,10 +153,8 @@ def run_swarm(
                 ready = _ready_pids(log_dir)
                 for i, pid in ready.items():
                     sample_tree(pid, stats.memory.setdefault(i, {}))
-                if len(ready) == n:
-                    stats.total_pss = max(stats.total_pss, _descendants_pss(proc.pid))
                 server = _fork_server(proc.pid)
-                if server is not None:
+                if server is not None and len(ready) == n:  # before the forks it holds every page alone
                     only: dict[str, Peak] = {}
                     sample_tree(server, only)  # its children are the nodes: only its own entry counts
                     stats.server = only.get("node", stats.server)
@@ -218,13 +201,16 @@ def report(rows: list[SwarmStats], isolated: SwarmStats | None, cores: int) -> N
         print(f"\nRound time, sharing on / off at equal compute (N={base.nodes}, p50): {ratio:.2f}x")
     print("\nStart and peak memory per node (MB, mean over nodes): PSS (USS)")
     print("| run | N | nodes up s | python node | DHT child | p2pd | torch shm manager | fork server ", end="")
-    print("| **all processes' PSS / N** | node total USS |")
+    print("| **node total PSS** | node total USS |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for s in rows:
         cells = [f"{_mb(k, s, 'pss')} ({_mb(k, s, 'uss')})" for k in KINDS]
         server = f"{s.server.pss / 2**20:.0f} ({s.server.uss / 2**20:.0f})" if s.server.rss else "-"
         uss = [sum(p.uss for p in m.values()) / 2**20 for m in s.memory.values()]
-        per_node = s.total_pss / max(s.nodes, 1) / 2**20
+        # each kind's peak, summed, plus the fork server's share: an upper bound (the peaks need not coincide)
+        share = s.server.pss / max(s.nodes, 1)
+        totals = [sum(p.pss for p in m.values()) + share for m in s.memory.values()]
+        per_node = statistics.fmean(totals) / 2**20 if totals else float("nan")
         total_uss = f"{statistics.fmean(uss):.0f}" if uss else "-"
         print(f"| {s.label} | {s.nodes} | {s.up_s:.1f} | " + " | ".join(cells) + f" | {server} ", end="")
         print(f"| **{per_node:.0f}** | {total_uss} |")

@@ -21,6 +21,7 @@ them).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import selectors
@@ -131,6 +132,9 @@ def serve() -> None:
     sel.register(0, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
     inherited = (wake_r, wake_w, sel.fileno())
+    # the imported modules' objects stay shared with every child: a collection in a child would otherwise
+    # write to each of them (its GC header) and copy the page
+    gc.freeze()
     _reply({"ready": os.getpid(), "threads": threading.active_count()})
     buf = b""
     while True:
