@@ -30,6 +30,7 @@ from protocol import limits
 from protocol.errors import MessageRejected
 from protocol.messages import open_batch, payload_digest, seal_batch, seal_descriptor
 from protocol.schema import Descriptor, RolloutBatch
+from swarm import discovery
 from swarm.membership import Membership
 from swarm.payload_stream import FetchError, FetchFailure, Pace, fetch_many, serve_one
 from swarm.refusals import BatchRejection, PayloadRejected, Refusal
@@ -102,6 +103,16 @@ class ExchangeConfig:
     live_timeout_s: float = field(
         default=0.5, metadata={"help": "Bound on asking our p2p daemon which peers are connected, seconds."}
     )
+    discovery_reads: int = field(
+        default=2, metadata={"help": "Shard keys of each time window that one collect reads (sharded discovery)."}
+    )
+    min_shards: int = field(
+        default=1,
+        metadata={
+            "help": "Fewest shard keys per time window, a power of two up to 1024; the count grows with the swarm's "
+            "estimated size (swarm.discovery)."
+        },
+    )
     reputation: ReputationConfig = field(
         default_factory=ReputationConfig,
         metadata={"help": "Per-publisher reputation: exploration slots, decay, bans, memory bound."},
@@ -124,7 +135,9 @@ class ExchangeConfig:
             raise ValueError(
                 f"descriptor_ttl_s={self.descriptor_ttl_s!r}; use a value in (0, {limits.MAX_DESCRIPTOR_TTL_S}]"
             )
-        for name in ("max_served", "max_parallel_fetches", "remember_fetched"):
+        if self.min_shards not in discovery.LEVELS:
+            raise ValueError(f"min_shards={self.min_shards!r}; use a power of two from 1 to {discovery.MAX_SHARDS}")
+        for name in ("max_served", "max_parallel_fetches", "remember_fetched", "discovery_reads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}; use at least 1")
         if not 4096 <= self.chunk_bytes <= 4 * 1024 * 1024:
@@ -156,8 +169,8 @@ class CollectResult:
 
 
 def window_key(swarm_id: str, t: float, window_s: float) -> str:
-    """DHT key of the time window containing ``t``."""
-    return f"{swarm_id}:rollouts:{int(t // window_s)}"
+    """DHT key of the time window containing ``t`` when the swarm has one shard (see swarm.discovery)."""
+    return discovery.descriptor_key(swarm_id, int(t // window_s), 1, 0)
 
 
 def verify_payload(desc: Descriptor, payload: bytes) -> RolloutBatch:
@@ -204,6 +217,8 @@ class RolloutExchange:
         self._reputation = Reputation(self.cfg.reputation)
         self._opened = OpenedCache()
         self._pending_stores = 0
+        self._shards = self.cfg.min_shards  # this node's view of the swarm's shard count, and its size estimate
+        self._estimate = 0.0
         self._lock = threading.Lock()
         counters = ("bytes_in", "bytes_out", "fetch_ok", "fetch_failed", "fetch_too_slow", "published")
         self._stats = dict.fromkeys((*counters, "publish_failed", "served", "skipped_banned"), 0)
@@ -273,7 +288,13 @@ class RolloutExchange:
             self.peer_id, batch.round, digest, len(payload), tuple(families), created,
             created + self.cfg.descriptor_ttl_s,
         )  # fmt: skip
-        ok = self._store(window_key(self.membership.cfg.swarm_id, created, self.cfg.window_s), desc)
+        with self._lock:
+            shards, estimate = self._shards, self._estimate
+        window = int(created // self.cfg.window_s)
+        keys = discovery.publisher_keys(self.membership.cfg.swarm_id, self.peer_id, window, shards, estimate)
+        ok = self._store(keys[0], desc)
+        for extra in keys[1:]:  # near a shard-count threshold: also where nodes a level away read
+            self._store(extra, desc)
         state = "pending" if ok is None else ok
         logger.info("%s published %s (%d bytes, stored=%s)", self._tag(), digest[:12], len(payload), state)
         return desc
@@ -398,25 +419,49 @@ class RolloutExchange:
             return frozenset()
 
     def _read_entries(self, now: float, deadline: float) -> list[tuple[Any, Any]]:
-        """Raw (subkey, value) pairs under the current and previous window keys."""
+        """Raw (subkey, value) pairs under the sampled shard keys of the current and previous windows; the
+        publishers found there update this node's estimate of the swarm's size and so its shard count."""
         dht = self.membership.dht
         if dht is None:
             return []
-        swarm_id, window = self.membership.cfg.swarm_id, self.cfg.window_s
-        keys = [window_key(swarm_id, now, window), window_key(swarm_id, now - window, window)]
-        futures = [dht.get(key, latest=True, return_future=True) for key in keys]
+        swarm_id, window = self.membership.cfg.swarm_id, int(now // self.cfg.window_s)
+        with self._lock:
+            shards = self._shards
+            reads = self.cfg.discovery_reads
+            plan = discovery.read_plan((window, window - 1), shards, reads, self._rng)
+        futures = [dht.get(read.key(swarm_id), latest=True, return_future=True) for read in plan]
         entries: list[tuple[Any, Any]] = []
-        for key, future in zip(keys, futures, strict=True):
+        found_per_shard: dict[discovery.ShardRead, int] = {}
+        for read, future in zip(plan, futures, strict=True):
             budget = max(0.0, min(self.cfg.dht_timeout_s, deadline - time.monotonic()))
             try:
                 found = future.result(timeout=budget)
             except Exception as e:
                 future.cancel()
-                logger.warning("%s DHT read of %s failed: %s", self._tag(), key, e or type(e).__name__)
+                logger.warning("%s DHT read of %s failed: %s", self._tag(), read.key(swarm_id), e or type(e).__name__)
                 continue
-            if found is not None and isinstance(found.value, dict):
-                entries.extend((subkey, item.value) for subkey, item in found.value.items())
+            items = found.value.items() if found is not None and isinstance(found.value, dict) else []
+            entries.extend((subkey, item.value) for subkey, item in items)
+            found_per_shard[read] = len(items)
+        self._update_shards(shards, discovery.estimate_publishers(found_per_shard, shards))
         return entries
+
+    def _update_shards(self, shards: int, estimate: float | None) -> None:
+        if estimate is None:  # no shard of this node's level answered: keep the last view
+            return
+        with self._lock:
+            self._estimate = discovery.smoothed(self._estimate, estimate)
+            estimate = self._estimate
+            self._shards = max(self.cfg.min_shards, discovery.next_shard_count(shards, estimate))
+            if self._shards != shards:
+                logger.info("%s ~%.0f publishers per window: %d shard keys (was %d)", self._tag(), estimate,
+                            self._shards, shards)  # fmt: skip
+
+    @property
+    def shards(self) -> int:
+        """The shard count this node publishes under now."""
+        with self._lock:
+            return self._shards
 
     def _fetch_all(self, chosen: list[Descriptor], budget: float) -> dict[str, bytes | FetchError]:
         """Payload bytes or why the fetch failed, per chosen digest; absent when our own deadline cut it."""

@@ -12,7 +12,8 @@ whole if one entry fails). The rules, in the order they are checked:
 2. It sits under a subkey (regular values are refused), and the subkey is the
    peer that signed it; schema and Ed25519 signature hold.
 3. Its key is the one its content names: a descriptor's window key
-   (:func:`swarm.exchange.window_key` of its ``created``), a sync record's
+   (its publisher's shard of its ``created`` window, at any shard level:
+   :func:`swarm.discovery.valid_keys`), a sync record's
    join / vote / state key. A genuine record cannot be replayed under another
    window, revision or group.
 4. Its DHT expiration is bound to the signed record: a descriptor's to its
@@ -51,7 +52,7 @@ from protocol.errors import MessageRejected
 from protocol.messages import DESCRIPTOR_KIND
 from protocol.schema import Descriptor
 from protocol.signing import open_envelope
-from swarm.exchange import window_key
+from swarm import discovery
 from swarm.sync.config import COMPRESSIONS, OuterSyncConfig
 from swarm.sync.records import (
     JOIN_KIND,
@@ -129,9 +130,15 @@ class DescriptorBinding:
             return RecordRefusal.FROM_THE_FUTURE
         if expiration > desc.expires + self.slack_s:
             return RecordRefusal.OUTLIVES_SIGNATURE
-        if self.swarm_id is not None and key != dht_key(window_key(self.swarm_id, desc.created, self.window_s)):
+        if self.swarm_id is not None and key not in self._keys(desc):
             return RecordRefusal.WRONG_KEY
         return None
+
+    def _keys(self, desc: Descriptor) -> list[bytes]:
+        """The keys a descriptor may live under: its publisher's shard of its window at each shard level."""
+        assert self.swarm_id is not None
+        window = int(desc.created // self.window_s)
+        return [dht_key(k) for k in discovery.valid_keys(self.swarm_id, desc.publisher, window)]
 
 
 def sync_record_keys(swarm_id: str, record: Any) -> tuple[str, ...]:

@@ -119,7 +119,6 @@ def _start(line: bytes, inherited: Sequence[int]) -> None:
 
 def serve() -> None:
     """Import everything, say ready, then fork a node per start request until end of input."""
-    import node.cli.local
     import node.cli.main
     import node.cli.serve  # noqa: F401 - the heavy imports (torch, transformers, hivemind) happen here, once
 
