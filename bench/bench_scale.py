@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -135,9 +136,16 @@ def _ready_pids(log_dir: Path) -> dict[int, int]:
 
 
 def run_swarm(
-    label: str, n: int, rounds: int, model: str, split: tuple[int, int], timeout: float, fresh: bool = False
+    label: str,
+    n: int,
+    rounds: int,
+    model: str,
+    split: tuple[int, int],
+    timeout: float,
+    fresh: bool = False,
+    keep: Path | None = None,
 ) -> SwarmStats:
-    """One ``swarm-node local`` run, sampling memory while it goes."""
+    """One ``swarm-node local`` run, sampling memory while it goes; its logs are copied to ``keep``/N<n>-<label>."""
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = Path(tmp)
         cmd = [sys.executable, "-m", "node", "local", "--nodes", str(n), "--rounds", str(rounds)]
@@ -175,6 +183,8 @@ def run_swarm(
                     stats.round_s.append(float(e["round_s"]))
         if not stats.ok:
             print((log_dir / "local.out").read_text()[-2000:], file=sys.stderr)
+        if keep is not None:
+            shutil.copytree(log_dir, keep / f"N{n}-{label.replace(' ', '_').replace('/', '-')}", dirs_exist_ok=True)
     return stats
 
 
@@ -225,6 +235,7 @@ def main() -> None:
     ap.add_argument("--compare-isolated", action="store_true", help="also run the first N with sharing off")
     ap.add_argument("--budget-s", type=float, default=900.0, help="per-run time limit")
     ap.add_argument("--launchers", default="fork", help="comma-separated: fork (the default), fresh, or both")
+    ap.add_argument("--keep", type=Path, default=None, help="copy each run's logs and metrics here")
     args = ap.parse_args()
     local, external = parse_split(args.split)
     launchers = [w.strip() for w in args.launchers.split(",")]
@@ -235,7 +246,8 @@ def main() -> None:
         for launcher in launchers:  # side by side, same N, one after the other
             label = f"{args.model} {args.split} {launcher}"
             split = (local, external)
-            rows.append(run_swarm(label, n, args.rounds, args.model, split, args.budget_s, launcher == "fresh"))
+            fresh = launcher == "fresh"
+            rows.append(run_swarm(label, n, args.rounds, args.model, split, args.budget_s, fresh, args.keep))
             print(f"N={n} {launcher} done in {rows[-1].wall_s:.0f}s", file=sys.stderr)
     isolated = None
     if args.compare_isolated:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import statistics
 import threading
 import time
 from collections import Counter
@@ -316,6 +317,8 @@ class Node:
             train_s=phases[2],
             collect_s=collected.collect_s,
             round_s=time.monotonic() - t0,
+            descriptors_seen=collected.descriptors_seen,
+            external_age_s=collected.external_age_s,
             trained_sources=stats.get("sources", {}),
             grad_local=stats.get("grad_local"),
             grad_external=stats.get("grad_external"),
@@ -421,6 +424,9 @@ class Node:
             return Collected()
         collected = ingest(result, self.pool, self.peers_seen, self.acceptance, self.parts.ingest)
         collected.collect_s = result.elapsed_s
+        collected.descriptors_seen = result.seen
+        if result.accepted:  # how stale peers' batches are when this node can train on them
+            collected.external_age_s = statistics.median(self.clock() - d.created for d, _ in result.accepted)
         for peer, tally in collected.tallies.items():  # what re-verification found feeds the peer's reputation
             self.exchange.judge(peer, accepted=tally.accepted, informative=tally.informative, refused=tally.refused)
         return collected

@@ -34,7 +34,10 @@ class Collected:
     ``tallies`` is keyed by full peer id; ``task_builds`` counts expensive task
     regenerations (new reasoning-gym datasets) that peers' groups caused;
     ``ingest_s`` is the time spent re-verifying; ``collect_s`` how long the
-    network took to collect them (None when no collect finished this round).
+    network took to collect them, ``descriptors_seen`` how many descriptors its
+    DHT reads returned, ``external_age_s`` the median age of the accepted
+    batches' descriptors when ingested (each None when no collect finished this
+    round).
     """
 
     reasons: Counter[str] = field(default_factory=Counter)
@@ -46,6 +49,8 @@ class Collected:
     task_builds: int = 0
     ingest_s: float = 0.0
     collect_s: float | None = None
+    descriptors_seen: int | None = None
+    external_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,8 @@ class RoundRecord:
     train_s: float
     collect_s: float | None
     round_s: float
+    descriptors_seen: int | None = None
+    external_age_s: float | None = None
     trained_sources: dict[str, dict[str, float]] = field(default_factory=dict)
     grad_local: float | None = None
     grad_external: float | None = None

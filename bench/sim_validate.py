@@ -1,0 +1,90 @@
+"""The discovery simulator against real ``swarm-node local`` runs: descriptors seen per collect and the age of
+peers' batches when a node ingests them, measured and predicted for the same N.
+
+Usage::
+
+    python bench/bench_scale.py --nodes 4 8 16 32 64 --rounds 50 --keep runs/val
+    python bench/sim_discovery.py --validate runs/val
+
+The simulator gets what each run measured as its costs (the round lengths, drawn
+from the run's own; the share of a round before its batch is published; the
+collect's DHT read time) and nothing of what it predicts. Rounds 1-2 are left
+out on both sides (every node starts with nothing to collect).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.sim_discovery import Outcome, Params, simulate
+from node.observe.metrics import read_events
+
+WARMUP = 2
+
+
+@dataclass
+class Measured:
+    """One real run's rounds (warm-up left out)."""
+
+    nodes: int
+    rounds: int
+    durations: list[float]
+    gen_frac: float
+    read_s: float
+    seen: list[int]
+    ages: list[float]
+
+
+def measure(run: Path) -> Measured:
+    events = [e for path in sorted(run.glob("*/metrics.jsonl")) for e in read_events(path, "round")]
+    nodes = len(list(run.glob("*/metrics.jsonl")))
+    late = [e for e in events if int(e["round"]) > WARMUP]
+    return Measured(
+        nodes=nodes,
+        rounds=max(int(e["round"]) for e in events),
+        durations=[float(e["round_s"]) for e in late],
+        gen_frac=statistics.median(float(e["generate_s"]) / max(float(e["round_s"]), 1e-9) for e in late),
+        read_s=statistics.median(float(e["collect_s"]) for e in late if e.get("collect_s") is not None),
+        seen=[int(e["descriptors_seen"]) for e in late if e.get("descriptors_seen") is not None],
+        ages=[float(e["external_age_s"]) for e in late if e.get("external_age_s") is not None],
+    )
+
+
+def predict(m: Measured, seed: int = 0) -> Outcome:
+    p = Params(
+        nodes=m.nodes, mode="single", round_s=statistics.median(m.durations), gen_frac=m.gen_frac,
+        read_s=m.read_s, rounds=m.rounds, warmup_rounds=WARMUP, durations=tuple(m.durations), together=True,
+        limit=8, seed=seed,
+    )  # fmt: skip
+    return simulate(p)
+
+
+def _q(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else float("nan")
+
+
+def _err(predicted: float, measured: float) -> str:
+    return f"{(predicted - measured) / measured:+.0%}" if measured else "-"
+
+
+def validate(folder: Path) -> str:
+    lines = [
+        "| N | rounds | round s (median) | seen per collect: measured / predicted | error "
+        "| age p50 s: measured / predicted | error | age p95 s: measured / predicted | error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in sorted(folder.iterdir(), key=lambda r: int(r.name.split("-")[0][1:])):
+        m = measure(run)
+        o = predict(m)
+        seen_m, seen_p = statistics.median(m.seen), statistics.median(o.seen_per_collect)
+        a50 = (_q(m.ages, 0.5), _q(o.collect_ages, 0.5))
+        a95 = (_q(m.ages, 0.95), _q(o.collect_ages, 0.95))
+        lines.append(
+            f"| {m.nodes} | {m.rounds} | {statistics.median(m.durations):.2f} | {seen_m:.0f} / {seen_p:.0f} "
+            f"| {_err(seen_p, seen_m)} | {a50[0]:.2f} / {a50[1]:.2f} | {_err(a50[1], a50[0])} "
+            f"| {a95[0]:.2f} / {a95[1]:.2f} | {_err(a95[1], a95[0])} |"
+        )
+    return "\n".join(lines)
