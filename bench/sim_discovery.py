@@ -79,6 +79,7 @@ class Params:
     seed: int = 0
     durations: tuple[float, ...] = ()  # if given, each round's length is drawn from these (measured rounds)
     together: bool = False  # every node starts its first round at once (``local``'s go file), else at random
+    joiners: float = 0.0  # this share of the nodes joins only after the warm-up, knowing nothing (one shard)
 
 
 @dataclass
@@ -93,6 +94,8 @@ class Outcome:
     filled: list[float] = field(default_factory=list)
     seen_per_collect: list[int] = field(default_factory=list)
     shard_counts: list[int] = field(default_factory=list)
+    joiner_filled: list[float] = field(default_factory=list)  # collects of late joiners, filled share
+    joiner_from_swarm: list[bool] = field(default_factory=list)  # per batch a joiner took: from an earlier node?
 
     def pct(self, q: float) -> float:
         s = sorted(self.ages)
@@ -161,6 +164,7 @@ class _Swarm:
         n = self.p.nodes
         self.fetched: list[set[tuple[int, float]]] = [set() for _ in range(n)]
         self.shards, self.estimates = [1] * n, [0.0] * n
+        self.probes: list[int | None] = [None] * n
         self.pending: dict[int, list[tuple[int, float]]] = {}
 
 
@@ -171,20 +175,26 @@ def simulate(p: Params) -> Outcome:
     if p.mode == "gossip":
         sw.delays = _gossip_delays(p, rng)
     events: list[tuple[float, int, int]] = []  # (time, kind 0=publish and ingest 1=collect, node)
+    warm = p.warmup_rounds * (statistics.median(p.durations) if p.durations else p.round_s * (1 + p.jitter))
+    late = int(p.joiners * p.nodes)
     for i in range(p.nodes):
         period = p.round_s * rng.uniform(1 - p.jitter, 1 + p.jitter)
         t = 0.0 if p.together else rng.uniform(0, period)
-        for _ in range(p.rounds):
+        if i < late:  # joins after the warm-up
+            t += warm
+        for _ in range(p.rounds - (p.warmup_rounds if i < late else 0)):
             length = rng.choice(p.durations) if p.durations else period
             events += [(t, 1, i), (t + p.gen_frac * length, 0, i)]
             t += length
     events.sort()
-    warm = p.warmup_rounds * (statistics.median(p.durations) if p.durations else p.round_s * (1 + p.jitter))
     for t, kind, i in events:
         sw.counting = t >= warm
         if kind == 0:
             _publish(sw, i, t)
             chosen = sw.pending.pop(i, None)
+            if chosen is not None and i < late:
+                out.joiner_filled.append(len(chosen) / p.limit)
+                out.joiner_from_swarm += [j >= late for j, _ in chosen]
             if chosen is not None and sw.counting:
                 out.ages += [t - c for _, c in chosen]
                 out.filled.append(len(chosen) / p.limit)
@@ -235,7 +245,8 @@ def _collect(sw: _Swarm, out: Outcome, i: int, snap: float) -> list[tuple[int, f
     if p.mode == "single":
         plan = [discovery.ShardRead(w, 1, 0) for w in (window, window - 1)]
     else:
-        plan = discovery.read_plan((window, window - 1), sw.shards[i], p.reads, sw.rng)
+        sw.probes[i] = discovery.probe_level(sw.shards[i], sw.probes[i])
+        plan = discovery.read_plan((window, window - 1), sw.shards[i], p.reads, sw.rng, sw.probes[i])
     found: dict[discovery.ShardRead, int] = {}
     readable: list[dict[int, tuple[float, float]]] = []
     lists: list[list[int]] = []

@@ -12,7 +12,10 @@ which each node estimates from the shards it reads (publishers per shard read,
 times ``S``, smoothed over collects), with hysteresis so that nodes agree
 except near a threshold; near one, a publisher also stores its descriptor at
 the neighbouring level, so a reader that has already moved (or not yet) still
-finds it there: readers read their own level only.
+finds it there. Readers read their own level, plus one shard of one other
+level per collect in turn (a probe): a node that joins a large swarm starts at
+one shard, where no one publishes, and only a probe shows it where the swarm
+is (nodes that joined together would otherwise form an island).
 
 All functions are pure (the caller passes the random generator); the DHT
 validator recomputes the same keys, so a descriptor stored under any other key
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 
 MAX_SHARDS = 1024  # 1024 x 64 descriptors per shard: far past the swarms we can measure
 TARGET_PER_SHARD = 64  # descriptors one shard key should hold per window (~22 KB: one small DHT reply)
-LEVELS = tuple(2**i for i in range(int(math.log2(MAX_SHARDS)) + 1))
+LEVELS: tuple[int, ...] = tuple(1 << i for i in range(int(math.log2(MAX_SHARDS)) + 1))
 
 
 def shard_of(publisher: str, window: int, shards: int) -> int:
@@ -95,25 +98,61 @@ class ShardRead:
         return descriptor_key(swarm_id, self.window, self.shards, self.shard)
 
 
-def read_plan(windows: tuple[int, ...], shards: int, reads: int, rng: random.Random) -> list[ShardRead]:
+def read_plan(
+    windows: tuple[int, ...], shards: int, reads: int, rng: random.Random, probe: int | None = None
+) -> list[ShardRead]:
     """The keys one collect reads: ``reads`` random shards of each window at this node's level (all of them
-    if there are fewer)."""
+    if there are fewer), and one random shard of each window at level ``probe`` if given."""
     plan: list[ShardRead] = []
     for w in windows:
         plan += [ShardRead(w, shards, s) for s in sorted(rng.sample(range(shards), min(reads, shards)))]
+        if probe is not None and probe != shards:
+            plan.append(ShardRead(w, probe, rng.randrange(probe)))
     return plan
 
 
+def probe_level(shards: int, previous: int | None) -> int | None:
+    """The other level to probe in the next collect: every level in turn, upwards first (2x, 4x, ... then
+    1/2x, ...), one per collect.
+
+    A node that joins a large swarm starts at one shard, where no one publishes
+    any more, so its own reads alone would never grow its estimate; and nodes that
+    joined together would find each other there and form an island. A probe that
+    finds the swarm's level makes the estimate jump there (see
+    :func:`estimate_publishers`). One extra read per window per collect.
+    """
+    others = [s for s in LEVELS if s > shards] + [s for s in reversed(LEVELS) if s < shards]
+    if not others:
+        return None
+    if previous is None or previous not in others:
+        return others[0]
+    return others[(others.index(previous) + 1) % len(others)]
+
+
 def smoothed(previous: float, new: float, weight: float = 0.5) -> float:
-    """The running estimate after one more collect (the first one taken as it is)."""
-    return new if previous <= 0 else weight * new + (1 - weight) * previous
+    """The running estimate after one more collect: averaged, against sampling noise, except that the first one
+    and one over twice the last are taken as they are (a probe that found the swarm's level: a node that
+    joined late, or an island of nodes that joined together, moves there at once)."""
+    if previous <= 0 or new > 2 * previous:
+        return new
+    return weight * new + (1 - weight) * previous
+
+
+MIN_PROBE_FOUND = 4  # a probe's level counts only with this many publishers found: a stray entry is not a swarm
 
 
 def estimate_publishers(per_shard: dict[ShardRead, int], shards: int) -> float | None:
-    """The swarm's publishers per window, from the publishers found in the shards read at this node's level
-    (None when none of that level was read)."""
-    own = [n for read, n in per_shard.items() if read.shards == shards]
-    if not own:
+    """The swarm's publishers per window: per level read, the publishers found per shard times the level (each
+    window's publishers at a level are spread over its shards, one each); the largest such figure, as the
+    level where the swarm publishes shows all of it and any other only its near-threshold doubles. Levels
+    other than this node's count only from ``MIN_PROBE_FOUND`` found. None when this node's level was not read."""
+    by_level: dict[int, list[int]] = {}
+    for read, n in per_shard.items():
+        by_level.setdefault(read.shards, []).append(n)
+    if shards not in by_level:
         return None
-    # each window's shards: every publisher of that window is in exactly one of them
-    return sum(own) / len(own) * shards
+    best = sum(by_level[shards]) / len(by_level[shards]) * shards
+    for level, found in by_level.items():
+        if level != shards and sum(found) >= MIN_PROBE_FOUND:
+            best = max(best, sum(found) / len(found) * level)
+    return best

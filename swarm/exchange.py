@@ -219,6 +219,7 @@ class RolloutExchange:
         self._pending_stores = 0
         self._shards = self.cfg.min_shards  # this node's view of the swarm's shard count, and its size estimate
         self._estimate = 0.0
+        self._probe: int | None = None  # the other shard level last probed (see swarm.discovery.probe_level)
         self._lock = threading.Lock()
         counters = ("bytes_in", "bytes_out", "fetch_ok", "fetch_failed", "fetch_too_slow", "published")
         self._stats = dict.fromkeys((*counters, "publish_failed", "served", "skipped_banned"), 0)
@@ -427,8 +428,8 @@ class RolloutExchange:
         swarm_id, window = self.membership.cfg.swarm_id, int(now // self.cfg.window_s)
         with self._lock:
             shards = self._shards
-            reads = self.cfg.discovery_reads
-            plan = discovery.read_plan((window, window - 1), shards, reads, self._rng)
+            self._probe = discovery.probe_level(shards, self._probe)
+            plan = discovery.read_plan((window, window - 1), shards, self.cfg.discovery_reads, self._rng, self._probe)
         futures = [dht.get(read.key(swarm_id), latest=True, return_future=True) for read in plan]
         entries: list[tuple[Any, Any]] = []
         found_per_shard: dict[discovery.ShardRead, int] = {}

@@ -122,3 +122,23 @@ def test_the_validator_takes_a_descriptor_under_its_publishers_shard_at_any_leve
     assert _refusal(v, _record(sealed, alice.peer_id, other, desc.expires)) is RecordRefusal.WRONG_KEY
     beyond = discovery.descriptor_key(SWARM, window, 2 * discovery.MAX_SHARDS, 0)
     assert _refusal(v, _record(sealed, alice.peer_id, beyond, desc.expires)) is RecordRefusal.WRONG_KEY
+
+
+def test_probes_visit_every_other_level_in_turn_upwards_first() -> None:
+    seen, probe = [], None
+    for _ in range(len(discovery.LEVELS)):
+        probe = discovery.probe_level(4, probe)
+        seen.append(probe)
+    assert seen[:3] == [8, 16, 32] and seen[-3:] == [2, 1, 8]  # 10 other levels, then round again
+    assert sorted(set(s for s in seen if s is not None)) == [s for s in discovery.LEVELS if s != 4]
+    assert discovery.read_plan((5,), 4, 2, random.Random(0), probe=64)[-1].shards == 64
+
+
+def test_a_probe_that_finds_the_swarm_moves_the_estimate_at_once_and_a_stray_entry_does_not() -> None:
+    own = {ShardRead(5, 4, 0): 2, ShardRead(5, 4, 1): 3}
+    assert estimate_publishers(own, 4) == 10.0
+    assert estimate_publishers({**own, ShardRead(5, 64, 7): 40}, 4) == 40 * 64
+    assert estimate_publishers({**own, ShardRead(5, 1024, 7): discovery.MIN_PROBE_FOUND - 1}, 4) == 10.0
+    assert estimate_publishers({ShardRead(5, 64, 7): 40}, 4) is None  # its own level unread: no estimate
+    assert smoothed(10.0, 2560.0) == 2560.0  # found the swarm's level: taken at once
+    assert smoothed(100.0, 120.0) == 110.0  # noise: averaged
