@@ -80,6 +80,8 @@ class Params:
     durations: tuple[float, ...] = ()  # if given, each round's length is drawn from these (measured rounds)
     together: bool = False  # every node starts its first round at once (``local``'s go file), else at random
     joiners: float = 0.0  # this share of the nodes joins only after the warm-up, knowing nothing (one shard)
+    collect_fail: float = 0.0  # chance that a collect's DHT reads all time out (an overloaded DHT), measured
+    collect_durations: tuple[float, ...] = ()  # if given, each collect takes one of these (reads, fetches, checks)
 
 
 @dataclass
@@ -164,8 +166,7 @@ class _Swarm:
         n = self.p.nodes
         self.fetched: list[set[tuple[int, float]]] = [set() for _ in range(n)]
         self.shards, self.estimates = [1] * n, [0.0] * n
-        self.probes: list[int | None] = [None] * n
-        self.pending: dict[int, list[tuple[int, float]]] = {}
+        self.pending: dict[int, tuple[float, list[tuple[int, float]]]] = {}  # node -> (ready at, chosen)
 
 
 def simulate(p: Params) -> Outcome:
@@ -187,21 +188,27 @@ def simulate(p: Params) -> Outcome:
             events += [(t, 1, i), (t + p.gen_frac * length, 0, i)]
             t += length
     events.sort()
+    busy_until = [0.0] * p.nodes
     for t, kind, i in events:
         sw.counting = t >= warm
         if kind == 0:
             _publish(sw, i, t)
-            chosen = sw.pending.pop(i, None)
-            if chosen is not None and i < late:
+            ready, chosen = sw.pending.get(i, (0.0, None))
+            if chosen is None or ready > t:  # no collect, or still running: its batches come a round later
+                continue
+            del sw.pending[i]
+            if i < late:
                 out.joiner_filled.append(len(chosen) / p.limit)
                 out.joiner_from_swarm += [j >= late for j, _ in chosen]
-            if chosen is not None and sw.counting:
+            if sw.counting:
                 out.ages += [t - c for _, c in chosen]
                 out.filled.append(len(chosen) / p.limit)
                 if chosen:
                     out.collect_ages.append(statistics.median(t - c for _, c in chosen))
-        else:
-            sw.pending[i] = _collect(sw, out, i, t + p.read_s)
+        elif t >= busy_until[i]:  # one collect at a time, as a node's network worker runs them
+            took = rng.choice(p.collect_durations) if p.collect_durations else p.read_s
+            busy_until[i] = t + took
+            sw.pending[i] = (t + took, _collect(sw, out, i, t + min(p.read_s, took)))
     span = max(events[-1][0] - warm, 1e-9) if events else 1.0
     out.bytes_per_node_s = sw.node_bytes / p.nodes / span
     out.busiest_replica_s = max(sw.served.values(), default=0.0) / span
@@ -242,12 +249,15 @@ def _collect(sw: _Swarm, out: Outcome, i: int, snap: float) -> list[tuple[int, f
 
         return _choose(sw, i, [sw.published], freshest)
     window = int(snap // p.window_s)
+    if p.collect_fail and sw.rng.random() < p.collect_fail:
+        if sw.counting:
+            out.seen_per_collect.append(0)
+        return []
     if p.mode == "single":
         plan = [discovery.ShardRead(w, 1, 0) for w in (window, window - 1)]
     else:
-        sw.probes[i] = discovery.probe_level(sw.shards[i], sw.probes[i])
-        plan = discovery.read_plan((window, window - 1), sw.shards[i], p.reads, sw.rng, sw.probes[i])
-    found: dict[discovery.ShardRead, int] = {}
+        plan = discovery.read_plan((window, window - 1), sw.shards[i], p.reads, sw.rng)
+    found: dict[discovery.ShardRead, list[str]] = {}
     readable: list[dict[int, tuple[float, float]]] = []
     lists: list[list[int]] = []
     for read in plan:
@@ -257,12 +267,12 @@ def _collect(sw: _Swarm, out: Outcome, i: int, snap: float) -> list[tuple[int, f
         for node in _replicas_of(key, p.nodes, p.replicas)[: p.replica_reads]:
             sw.served[node] += sw.counting * min(size, CAP_BYTES)
         sw.node_bytes += sw.counting * p.replica_reads * min(size, CAP_BYTES)
-        found[read] = len(held) if size <= CAP_BYTES else 0  # past the cap the reply fails as a whole
+        found[read] = [f"node{j}" for j in held] if size <= CAP_BYTES else []  # past the cap: a failed reply
         if size <= CAP_BYTES:
             readable.append(held)
             lists.append(sw.key_lists[key])
     if sw.counting:
-        out.seen_per_collect.append(sum(found.values()))
+        out.seen_per_collect.append(sum(len(x) for x in found.values()))
     if p.mode == "sharded" and sw.counting:
         out.shard_counts.append(sw.shards[i])
     if p.mode == "sharded":

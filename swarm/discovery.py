@@ -8,14 +8,19 @@ window's descriptors are spread over ``S`` shard keys (``S`` a power of two);
 a publisher's shard is a hash of its peer id and the window, so it moves
 every window and no publisher can pick it, and a reader samples a few shards
 instead of reading them all. ``S`` grows with the swarm's estimated size,
-which each node estimates from the shards it reads (publishers per shard read,
-times ``S``, smoothed over collects), with hysteresis so that nodes agree
-except near a threshold; near one, a publisher also stores its descriptor at
-the neighbouring level, so a reader that has already moved (or not yet) still
-finds it there. Readers read their own level, plus one shard of one other
-level per collect in turn (a probe): a node that joins a large swarm starts at
-one shard, where no one publishes, and only a probe shows it where the swarm
-is (nodes that joined together would otherwise form an island).
+which each node estimates from the shards it reads, with hysteresis so that
+nodes agree except near a threshold; near one, a publisher also stores its
+descriptor at the neighbouring level, so a reader that has already moved (or
+not yet) still finds it there.
+
+Shard 0 of every level is one key, the window's base key (the unsharded key
+of one shard). So the base key holds the publishers in shard 0 at their own
+level, ~64 whatever the swarm's size, and is a census: from which of them are
+also in shard 0 at 2x, 4x, ... a reader tells the level they publish at, and so
+the swarm's size. A node that joins a large swarm starts at one shard, reads
+the base key and moves to the swarm's level at once; nodes that joined
+together, and would otherwise find only each other at one shard (an island),
+move when any of them reads shard 0.
 
 All functions are pure (the caller passes the random generator); the DHT
 validator recomputes the same keys, so a descriptor stored under any other key
@@ -24,9 +29,11 @@ is refused (:class:`swarm.validation.DescriptorBinding`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 MAX_SHARDS = 1024  # 1024 x 64 descriptors per shard: far past the swarms we can measure
@@ -34,15 +41,21 @@ TARGET_PER_SHARD = 64  # descriptors one shard key should hold per window (~22 K
 LEVELS: tuple[int, ...] = tuple(1 << i for i in range(int(math.log2(MAX_SHARDS)) + 1))
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _position(publisher: str, window: int) -> int:
+    """``publisher``'s place in ``window`` (cached: a census asks for every level of the same publishers)."""
+    return int.from_bytes(hashlib.sha256(f"{publisher}:{window}".encode()).digest()[:8], "big")
+
+
 def shard_of(publisher: str, window: int, shards: int) -> int:
     """The shard of ``publisher``'s descriptors in ``window`` among ``shards`` (a power of two)."""
-    digest = hashlib.sha256(f"{publisher}:{window}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % shards
+    return _position(publisher, window) % shards
 
 
 def descriptor_key(swarm_id: str, window: int, shards: int, shard: int) -> str:
-    """The DHT key of one shard of one window (with one shard: the unsharded key of earlier versions)."""
-    if shards == 1:
+    """The DHT key of one shard of one window; shard 0 of every level is the window's base key (with one
+    shard, the unsharded key of earlier versions)."""
+    if shards == 1 or shard == 0:
         return f"{swarm_id}:rollouts:{window}"
     return f"{swarm_id}:rollouts:{window}:{shards}:{shard}"
 
@@ -98,61 +111,46 @@ class ShardRead:
         return descriptor_key(swarm_id, self.window, self.shards, self.shard)
 
 
-def read_plan(
-    windows: tuple[int, ...], shards: int, reads: int, rng: random.Random, probe: int | None = None
-) -> list[ShardRead]:
+def read_plan(windows: tuple[int, ...], shards: int, reads: int, rng: random.Random) -> list[ShardRead]:
     """The keys one collect reads: ``reads`` random shards of each window at this node's level (all of them
-    if there are fewer), and one random shard of each window at level ``probe`` if given."""
+    if there are fewer)."""
     plan: list[ShardRead] = []
     for w in windows:
         plan += [ShardRead(w, shards, s) for s in sorted(rng.sample(range(shards), min(reads, shards)))]
-        if probe is not None and probe != shards:
-            plan.append(ShardRead(w, probe, rng.randrange(probe)))
     return plan
-
-
-def probe_level(shards: int, previous: int | None) -> int | None:
-    """The other level to probe in the next collect: every level in turn, upwards first (2x, 4x, ... then
-    1/2x, ...), one per collect.
-
-    A node that joins a large swarm starts at one shard, where no one publishes
-    any more, so its own reads alone would never grow its estimate; and nodes that
-    joined together would find each other there and form an island. A probe that
-    finds the swarm's level makes the estimate jump there (see
-    :func:`estimate_publishers`). One extra read per window per collect.
-    """
-    others = [s for s in LEVELS if s > shards] + [s for s in reversed(LEVELS) if s < shards]
-    if not others:
-        return None
-    if previous is None or previous not in others:
-        return others[0]
-    return others[(others.index(previous) + 1) % len(others)]
 
 
 def smoothed(previous: float, new: float, weight: float = 0.5) -> float:
     """The running estimate after one more collect: averaged, against sampling noise, except that the first one
-    and one over twice the last are taken as they are (a probe that found the swarm's level: a node that
+    and one over twice the last are taken as they are (a census that found the swarm's level: a node that
     joined late, or an island of nodes that joined together, moves there at once)."""
     if previous <= 0 or new > 2 * previous:
         return new
     return weight * new + (1 - weight) * previous
 
 
-MIN_PROBE_FOUND = 4  # a probe's level counts only with this many publishers found: a stray entry is not a swarm
+MIN_CENSUS = TARGET_PER_SHARD // 4  # a level counts in the census from this many publishers in its shard 0
 
 
-def estimate_publishers(per_shard: dict[ShardRead, int], shards: int) -> float | None:
-    """The swarm's publishers per window: per level read, the publishers found per shard times the level (each
-    window's publishers at a level are spread over its shards, one each); the largest such figure, as the
-    level where the swarm publishes shows all of it and any other only its near-threshold doubles. Levels
-    other than this node's count only from ``MIN_PROBE_FOUND`` found. None when this node's level was not read."""
-    by_level: dict[int, list[int]] = {}
-    for read, n in per_shard.items():
-        by_level.setdefault(read.shards, []).append(n)
-    if shards not in by_level:
-        return None
-    best = sum(by_level[shards]) / len(by_level[shards]) * shards
-    for level, found in by_level.items():
-        if level != shards and sum(found) >= MIN_PROBE_FOUND:
-            best = max(best, sum(found) / len(found) * level)
+def census(publishers: Iterable[str], window: int) -> float:
+    """The swarm's publishers per window, from those found under ``window``'s base key (shard 0 of every
+    level): the publishers of a level-L swarm found there are all in shard 0 at L, and about N / L of them;
+    so the largest (publishers in shard 0 at L) x L over the levels with at least ``MIN_CENSUS`` of them."""
+    found = list(publishers)
+    best = float(len(found))
+    for level in LEVELS[1:]:
+        in_zero = sum(1 for p in found if shard_of(p, window, level) == 0)
+        if in_zero < MIN_CENSUS:
+            break  # fewer still at every higher level: shard 0 at 2L is inside shard 0 at L
+        best = max(best, float(in_zero * level))
     return best
+
+
+def estimate_publishers(found: dict[ShardRead, list[str]], shards: int) -> float | None:
+    """The swarm's publishers per window from one collect's reads (read -> publishers found): the census of
+    each base key read, and the publishers per other shard read at this node's level times the level
+    (each publisher is in exactly one of them); the largest. None when nothing of this level was read."""
+    own = [len(pubs) for read, pubs in found.items() if read.shards == shards and read.shard != 0]
+    bases = [census(pubs, read.window) for read, pubs in found.items() if read.shard == 0 or read.shards == 1]
+    figures = ([sum(own) / len(own) * shards] if own else []) + bases
+    return max(figures) if figures else None

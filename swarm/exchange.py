@@ -219,7 +219,6 @@ class RolloutExchange:
         self._pending_stores = 0
         self._shards = self.cfg.min_shards  # this node's view of the swarm's shard count, and its size estimate
         self._estimate = 0.0
-        self._probe: int | None = None  # the other shard level last probed (see swarm.discovery.probe_level)
         self._lock = threading.Lock()
         counters = ("bytes_in", "bytes_out", "fetch_ok", "fetch_failed", "fetch_too_slow", "published")
         self._stats = dict.fromkeys((*counters, "publish_failed", "served", "skipped_banned"), 0)
@@ -428,11 +427,10 @@ class RolloutExchange:
         swarm_id, window = self.membership.cfg.swarm_id, int(now // self.cfg.window_s)
         with self._lock:
             shards = self._shards
-            self._probe = discovery.probe_level(shards, self._probe)
-            plan = discovery.read_plan((window, window - 1), shards, self.cfg.discovery_reads, self._rng, self._probe)
+            plan = discovery.read_plan((window, window - 1), shards, self.cfg.discovery_reads, self._rng)
         futures = [dht.get(read.key(swarm_id), latest=True, return_future=True) for read in plan]
         entries: list[tuple[Any, Any]] = []
-        found_per_shard: dict[discovery.ShardRead, int] = {}
+        by_read: dict[discovery.ShardRead, list[str]] = {}
         for read, future in zip(plan, futures, strict=True):
             budget = max(0.0, min(self.cfg.dht_timeout_s, deadline - time.monotonic()))
             try:
@@ -443,8 +441,9 @@ class RolloutExchange:
                 continue
             items = found.value.items() if found is not None and isinstance(found.value, dict) else []
             entries.extend((subkey, item.value) for subkey, item in items)
-            found_per_shard[read] = len(items)
-        self._update_shards(shards, discovery.estimate_publishers(found_per_shard, shards))
+            # the subkeys are peer ids (the validator checks each against its signer); a bad one just counts
+            by_read[read] = [k for k, _ in items if isinstance(k, str)]
+        self._update_shards(shards, discovery.estimate_publishers(by_read, shards))
         return entries
 
     def _update_shards(self, shards: int, estimate: float | None) -> None:

@@ -57,7 +57,7 @@ def test_shard_count_grows_and_shrinks_with_the_estimate_without_flapping() -> N
 
 def test_a_read_plan_samples_shards_of_each_window_at_its_own_level() -> None:
     rng = random.Random(1)
-    plan = read_plan((10, 9), 16, 2, rng)
+    plan = read_plan((10, 9), 16, 2, rng)  # shard 0 is the base key: read like any other
     assert len(plan) == 4 and {r.window for r in plan} == {9, 10} and {r.shards for r in plan} == {16}
     assert len({r.shard for r in plan if r.window == 10}) == 2
     assert len(read_plan((10, 9), 1, 2, rng)) == 2  # one shard: read it, once per window
@@ -87,8 +87,8 @@ def _simulate(n: int, windows: int, seed: int = 0) -> tuple[set[int], list[int]]
         read_counts = []
         for p in peers:
             plan = read_plan((w,), shards[p], 2, rng)
-            found = {r: len(dht.get(r.key(SWARM), ())) for r in plan}
-            read_counts.append(sum(found.values()))
+            found = {r: sorted(dht.get(r.key(SWARM), ())) for r in plan}
+            read_counts.append(sum(len(x) for x in found.values()))
             estimate = estimate_publishers(found, shards[p])
             assert estimate is not None
             estimates[p] = smoothed(estimates[p], estimate)
@@ -96,7 +96,7 @@ def _simulate(n: int, windows: int, seed: int = 0) -> tuple[set[int], list[int]]
     return set(shards.values()), read_counts
 
 
-@pytest.mark.parametrize("n", [100, 1000, 10_000])
+@pytest.mark.parametrize("n", [100, 1000, 3000])  # 10,000: bench/sim_discovery.py
 def test_a_swarm_agrees_on_its_shard_count_and_each_read_stays_bounded(n: int) -> None:
     counts, reads = _simulate(n, windows=8)
     assert len(counts) <= 2, counts  # nodes agree, within one level near a threshold
@@ -118,27 +118,34 @@ def test_the_validator_takes_a_descriptor_under_its_publishers_shard_at_any_leve
         key = publisher_key(SWARM, alice.peer_id, window, shards)
         assert _refusal(v, _record(sealed, alice.peer_id, key, desc.expires)) is None
     own = shard_of(alice.peer_id, window, 64)
-    other = ShardRead(window, 64, (own + 1) % 64).key(SWARM)  # a shard an attacker would like to crowd
+    other = ShardRead(window, 64, own % 63 + 1).key(SWARM)  # a shard an attacker would like to crowd (not 0)
     assert _refusal(v, _record(sealed, alice.peer_id, other, desc.expires)) is RecordRefusal.WRONG_KEY
-    beyond = discovery.descriptor_key(SWARM, window, 2 * discovery.MAX_SHARDS, 0)
+    beyond = discovery.descriptor_key(SWARM, window, 2 * discovery.MAX_SHARDS, 1)
     assert _refusal(v, _record(sealed, alice.peer_id, beyond, desc.expires)) is RecordRefusal.WRONG_KEY
 
 
-def test_probes_visit_every_other_level_in_turn_upwards_first() -> None:
-    seen, probe = [], None
-    for _ in range(len(discovery.LEVELS)):
-        probe = discovery.probe_level(4, probe)
-        seen.append(probe)
-    assert seen[:3] == [8, 16, 32] and seen[-3:] == [2, 1, 8]  # 10 other levels, then round again
-    assert sorted(set(s for s in seen if s is not None)) == [s for s in discovery.LEVELS if s != 4]
-    assert discovery.read_plan((5,), 4, 2, random.Random(0), probe=64)[-1].shards == 64
+def test_shard_zero_of_every_level_is_the_base_key() -> None:
+    base = window_key(SWARM, 7 * 30.0, 30.0)
+    assert {discovery.descriptor_key(SWARM, 7, s, 0) for s in discovery.LEVELS} == {base}
+    assert discovery.descriptor_key(SWARM, 7, 8, 3) != base
 
 
-def test_a_probe_that_finds_the_swarm_moves_the_estimate_at_once_and_a_stray_entry_does_not() -> None:
-    own = {ShardRead(5, 4, 0): 2, ShardRead(5, 4, 1): 3}
+def test_the_base_key_is_a_census_of_the_swarm() -> None:
+    peers = [SigningKey.generate().peer_id for _ in range(4000)]
+    for shards in (1, 8, 64):  # a swarm of 4000 publishing at a level: who of them land in the base key
+        at_base = [p for p in peers if shard_of(p, 5, shards) == 0]
+        assert 2800 < discovery.census(at_base, 5) < 5200, shards
+    small = peers[:20]  # a small swarm at one shard: all of it, and no level above counts
+    assert discovery.census(small, 5) == 20.0
+
+
+def test_estimates_come_from_own_shards_and_base_key_censuses() -> None:
+    own = {ShardRead(5, 4, 1): ["a", "b"], ShardRead(5, 4, 3): ["c", "d", "e"]}
     assert estimate_publishers(own, 4) == 10.0
-    assert estimate_publishers({**own, ShardRead(5, 64, 7): 40}, 4) == 40 * 64
-    assert estimate_publishers({**own, ShardRead(5, 1024, 7): discovery.MIN_PROBE_FOUND - 1}, 4) == 10.0
-    assert estimate_publishers({ShardRead(5, 64, 7): 40}, 4) is None  # its own level unread: no estimate
+    swarm = [SigningKey.generate().peer_id for _ in range(3000)]
+    census_read = {ShardRead(5, 4, 0): [p for p in swarm if shard_of(p, 5, 32) == 0]}  # a level-32 swarm
+    found = estimate_publishers({**own, **census_read}, 4)
+    assert found is not None and found > 2000  # the census shows the swarm's size
+    assert estimate_publishers({ShardRead(5, 8, 1): ["a"]}, 4) is None  # nothing of its own level read
     assert smoothed(10.0, 2560.0) == 2560.0  # found the swarm's level: taken at once
     assert smoothed(100.0, 120.0) == 110.0  # noise: averaged

@@ -59,10 +59,12 @@ def test_descriptors_live_under_shard_keys_and_every_reader_finds_every_peer(tri
     wait_for(found_by_all, 60, "every peer's batch collected through the shard keys", poll=0.5)
     dht = reader.membership.dht
     assert dht is not None
-    assert dht.get(window_key(SWARM, descs[0].created, reader.cfg.window_s), latest=True) is None
-    for d in descs:
+    base = dht.get(window_key(SWARM, descs[0].created, reader.cfg.window_s), latest=True)
+    in_base = set(base.value) if base is not None else set()
+    for d in descs:  # each under its own shard key; the base key (shard 0) holds shard 0's publishers only
         found = dht.get(discovery.publisher_key(SWARM, d.publisher, window, SHARDS), latest=True)
         assert found is not None and d.publisher in found.value
+        assert (d.publisher in in_base) == (discovery.shard_of(d.publisher, window, SHARDS) == 0)
     assert {ex.shards for ex in trio} == {SHARDS}  # 3 publishers: the count stays at the configured floor
 
 
@@ -71,7 +73,7 @@ def test_a_descriptor_under_another_shard_is_refused_by_the_validating_dht(trio:
     desc = victim.publish(make_batch(victim.peer_id, 2, created=time.time()))
     window = int(desc.created // victim.cfg.window_s)
     own = discovery.shard_of(mallory.peer_id, window, SHARDS)
-    crowded = discovery.descriptor_key(SWARM, window, SHARDS, (own + 1) % SHARDS)
+    crowded = discovery.descriptor_key(SWARM, window, SHARDS, own % (SHARDS - 1) + 1)  # not hers, not the base key
     forged = dataclasses.replace(desc, publisher=mallory.peer_id)  # her own, signed, but in another's shard
     sealed = seal(DESCRIPTOR_KIND, forged, mallory.membership.identity.key)
     dht = mallory.membership.dht
