@@ -80,7 +80,8 @@ class Params:
     durations: tuple[float, ...] = ()  # if given, each round's length is drawn from these (measured rounds)
     together: bool = False  # every node starts its first round at once (``local``'s go file), else at random
     joiners: float = 0.0  # this share of the nodes joins only after the warm-up, knowing nothing (one shard)
-    collect_fail: float = 0.0  # chance that a collect's DHT reads all time out (an overloaded DHT), measured
+    read_fail: float = 0.0  # chance that one DHT read times out (an overloaded DHT), measured
+    store_fail: float = 0.0  # chance that a publish's DHT store fails: the key keeps the older descriptor
     collect_durations: tuple[float, ...] = ()  # if given, each collect takes one of these (reads, fetches, checks)
 
 
@@ -228,6 +229,8 @@ def _publish(sw: _Swarm, i: int, t: float) -> None:
         keys = [discovery.descriptor_key("sim", window, 1, 0)]
     else:
         keys = discovery.publisher_keys("sim", f"node{i}", window, sw.shards[i], sw.estimates[i])
+    if p.store_fail and sw.rng.random() < p.store_fail:
+        return
     for key in keys:
         if i not in sw.keys[key]:
             sw.key_lists[key].append(i)
@@ -249,10 +252,6 @@ def _collect(sw: _Swarm, out: Outcome, i: int, snap: float) -> list[tuple[int, f
 
         return _choose(sw, i, [sw.published], freshest)
     window = int(snap // p.window_s)
-    if p.collect_fail and sw.rng.random() < p.collect_fail:
-        if sw.counting:
-            out.seen_per_collect.append(0)
-        return []
     if p.mode == "single":
         plan = [discovery.ShardRead(w, 1, 0) for w in (window, window - 1)]
     else:
@@ -267,10 +266,14 @@ def _collect(sw: _Swarm, out: Outcome, i: int, snap: float) -> list[tuple[int, f
         for node in _replicas_of(key, p.nodes, p.replicas)[: p.replica_reads]:
             sw.served[node] += sw.counting * min(size, CAP_BYTES)
         sw.node_bytes += sw.counting * p.replica_reads * min(size, CAP_BYTES)
-        found[read] = [f"node{j}" for j in held] if size <= CAP_BYTES else []  # past the cap: a failed reply
-        if size <= CAP_BYTES:
-            readable.append(held)
-            lists.append(sw.key_lists[key])
+        if p.read_fail and sw.rng.random() < p.read_fail:  # timed out: nothing, and nothing to estimate from
+            continue
+        if size > CAP_BYTES:  # the reply fails as a whole: the key reads as empty
+            found[read] = []
+            continue
+        found[read] = [f"node{j}" for j in held]
+        readable.append(held)
+        lists.append(sw.key_lists[key])
     if sw.counting:
         out.seen_per_collect.append(sum(len(x) for x in found.values()))
     if p.mode == "sharded" and sw.counting:

@@ -8,8 +8,8 @@ Usage::
 
 The simulator gets what each run measured as its costs (the round lengths and
 the collects' durations, drawn from the run's own; the share of a round before
-its batch is published; the share of collects whose reads all timed out) and
-nothing of what it predicts. Rounds 1-2 are left
+its batch is published; the shares of DHT reads and stores that failed, from
+the nodes' own warnings) and nothing of what it predicts. Rounds 1-2 are left
 out on both sides (every node starts with nothing to collect).
 """
 
@@ -37,17 +37,15 @@ class Measured:
     ages: list[float]
     collects: list[float]
 
-    @property
-    def collect_fail(self) -> float:
-        """The share of collects whose DHT reads returned nothing (timed out on an overloaded machine)."""
-        return sum(1 for n in self.seen if n == 0) / max(len(self.seen), 1)
+    read_fail: float = 0.0
+    store_fail: float = 0.0
 
 
 def measure(run: Path) -> Measured:
     events = [e for path in sorted(run.glob("*/metrics.jsonl")) for e in read_events(path, "round")]
     nodes = len(list(run.glob("*/metrics.jsonl")))
     late = [e for e in events if int(e["round"]) > WARMUP]
-    return Measured(
+    m = Measured(
         nodes=nodes,
         rounds=max(int(e["round"]) for e in events),
         durations=[float(e["round_s"]) for e in late],
@@ -56,13 +54,20 @@ def measure(run: Path) -> Measured:
         ages=[float(e["external_age_s"]) for e in late if e.get("external_age_s") is not None],
         collects=[float(e["collect_s"]) for e in late if e.get("collect_s") is not None],
     )
+    # the nodes' own warnings count the DHT reads and stores that failed (timed out on an overloaded machine)
+    logs = "".join(p.read_text(errors="replace") for p in run.glob("node*.log"))
+    collects = sum(1 for e in events if e.get("collect_s") is not None)
+    m.read_fail = min(1.0, logs.count("DHT read of") / max(2 * collects, 1))
+    m.store_fail = min(1.0, logs.count("DHT store of") / max(len(events), 1))
+    return m
 
 
 def predict(m: Measured, seed: int = 0) -> Outcome:
     p = Params(
         nodes=m.nodes, mode="single", round_s=statistics.median(m.durations), gen_frac=m.gen_frac,
         read_s=min(m.collects), collect_durations=tuple(m.collects), rounds=m.rounds, warmup_rounds=WARMUP,
-        durations=tuple(m.durations), together=True, limit=8, seed=seed, collect_fail=m.collect_fail,
+        durations=tuple(m.durations), together=True, limit=8, seed=seed, read_fail=m.read_fail,
+        store_fail=m.store_fail,
     )  # fmt: skip
     return simulate(p)
 
@@ -78,7 +83,7 @@ def _err(predicted: float, measured: float) -> str:
 
 def validate(folder: Path) -> str:
     lines = [
-        "| N | rounds | round s (median) | collects that read nothing "
+        "| N | rounds | round s (median) | DHT reads / stores that failed "
         "| seen per collect (mean): measured / predicted | error "
         "| age p50 s: measured / predicted | error | age p95 s: measured / predicted | error |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -90,7 +95,7 @@ def validate(folder: Path) -> str:
         a50 = (_q(m.ages, 0.5), _q(o.collect_ages, 0.5))
         a95 = (_q(m.ages, 0.95), _q(o.collect_ages, 0.95))
         lines.append(
-            f"| {m.nodes} | {m.rounds} | {statistics.median(m.durations):.2f} | {m.collect_fail:.0%} "
+            f"| {m.nodes} | {m.rounds} | {statistics.median(m.durations):.2f} | {m.read_fail:.0%} / {m.store_fail:.0%} "
             f"| {seen_m:.0f} / {seen_p:.0f} "
             f"| {_err(seen_p, seen_m)} | {a50[0]:.2f} / {a50[1]:.2f} | {_err(a50[1], a50[0])} "
             f"| {a95[0]:.2f} / {a95[1]:.2f} | {_err(a95[1], a95[0])} |"
