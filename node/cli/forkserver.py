@@ -159,6 +159,10 @@ def serve() -> None:
                 buf = b""
 
 
+class StartupStopped(Exception):
+    """A stop signal came while nodes were being started."""
+
+
 class ForkedNode:
     """A node forked by the server, with the part of ``subprocess.Popen``'s interface ``local`` uses."""
 
@@ -190,7 +194,13 @@ class ForkedNode:
 class ForkServer:
     """Client side: starts ``python -m node.cli.forkserver`` and asks it for node processes."""
 
-    def __init__(self, log: Path, python: str = sys.executable, ready_timeout: float = READY_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        log: Path,
+        python: str = sys.executable,
+        ready_timeout: float = READY_TIMEOUT_S,
+        stop: threading.Event | None = None,
+    ) -> None:
         self._log: IO[bytes] = open(log, "ab")  # noqa: SIM115 - closed in close()
         self._proc = subprocess.Popen(
             [python, "-m", "node.cli.forkserver"],
@@ -205,9 +215,12 @@ class ForkServer:
         self._closed = False
         self._reader = threading.Thread(target=self._read, name="forkserver-reader", daemon=True)
         self._reader.start()
+        self._stop = stop
         ready = self._next_reply(ready_timeout)
         if "ready" not in ready:
             self.close()
+            if self._stop is not None and self._stop.is_set():
+                raise StartupStopped("stopped while the node fork server was starting")
             raise CliError(f"the node fork server did not start ({ready}); see {log} for why")
 
     def _read(self) -> None:
@@ -232,9 +245,11 @@ class ForkServer:
         with self._cond:
             while not self._replies:
                 left = deadline - time.monotonic()
+                if self._stop is not None and self._stop.is_set():
+                    return {"error": "asked to stop"}
                 if self._closed or left <= 0:
                     return {"error": "server exited" if self._closed else f"no answer in {timeout:.0f}s"}
-                self._cond.wait(left)
+                self._cond.wait(min(left, 0.2))  # 0.2 s: a stop request is seen at once
             return self._replies.pop(0)
 
     def spawn(self, argv: list[str], log: Path) -> ForkedNode:
@@ -246,6 +261,8 @@ class ForkServer:
         except (BrokenPipeError, ValueError):
             raise CliError(f"the node fork server has exited; see {self._log.name} for why") from None
         reply = self._next_reply(REPLY_TIMEOUT_S)
+        if "pid" not in reply and self._stop is not None and self._stop.is_set():
+            raise StartupStopped("stopped while nodes were starting")
         if "pid" not in reply:
             raise CliError(f"the node fork server could not start a node ({reply.get('error')})")
         return ForkedNode(int(reply["pid"]), self)

@@ -14,13 +14,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from node.cli.errors import CliError
-from node.cli.forkserver import ForkedNode, ForkServer
+from node.cli.forkserver import ForkedNode, ForkServer, StartupStopped
 from node.cli.main import node_args_to_list
 from node.cli.signals import stop_signals
 from node.core.options import LocalOptions, default_of, sync_partner_warning
@@ -81,14 +82,15 @@ def _spawn(args: Any, i: int, model: str, log_dir: Path, peers: list[str], serve
     return Child(i, model, identity.peer_id, proc, log, external)
 
 
-def _wait_ready(child: Child, path: Path, timeout: float) -> dict[str, Any]:
+def _wait_ready(child: Child, path: Path, timeout: float, stop: threading.Event) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists():
             return dict(json.loads(path.read_text()))
         if child.proc.poll() is not None:
             break
-        time.sleep(0.1)
+        if stop.wait(0.1):
+            raise StartupStopped(f"stopped while node {child.index} was starting")
     raise CliError(f"node {child.index} did not start (exit code {child.proc.poll()}); see {child.log.name} for why")
 
 
@@ -139,24 +141,26 @@ def run_local(args: Any) -> int:
     )
     if warning:
         print(f"swarm-node local: warning: {warning}", file=sys.stderr, flush=True)
-    stop = stop_signals(args, starting=False).stop
+    stop: threading.Event = stop_signals(args, starting=False).stop
     children: list[Child] = []
     t0 = time.monotonic()
     dash = _start_dashboard(args, log_dir)
     server: ForkServer | None = None
     try:
         if not args.fresh_processes:
-            server = ForkServer(log_dir / "forkserver.log")
+            server = ForkServer(log_dir / "forkserver.log", stop=stop)
         first = _spawn(args, 0, models[0], log_dir, [], server)
         children.append(first)
-        boot = _wait_ready(first, log_dir / "node0.ready", READY_TIMEOUT_S)["multiaddrs"]
+        boot = _wait_ready(first, log_dir / "node0.ready", READY_TIMEOUT_S, stop)["multiaddrs"]
         for i in range(1, args.nodes):
             children.append(_spawn(args, i, models[i % len(models)], log_dir, boot, server))
         for c in children[1:]:
-            _wait_ready(c, log_dir / f"node{c.index}.ready", READY_TIMEOUT_S)
+            _wait_ready(c, log_dir / f"node{c.index}.ready", READY_TIMEOUT_S, stop)
         (log_dir / "go").touch()
         print(f"swarm-node local: {args.nodes} nodes up in {time.monotonic() - t0:.1f}s; logs in {log_dir}/")
         _watch(children, log_dir, args, stop)
+    except StartupStopped as e:  # a Ctrl-C before every node was up: stop what started, as any stop does
+        print(f"swarm-node local: {e}; stopping", file=sys.stderr, flush=True)
     finally:
         _stop_all(children)
         if server is not None:

@@ -84,3 +84,22 @@ def test_the_fork_server_reports_exits_and_refuses_bad_requests(procs: Procs) ->
     finally:
         server.close()
     assert server._proc.returncode == 0
+
+
+@pytest.mark.parametrize("when", ["starting", "running"])
+def test_ctrl_c_stops_local_and_every_node_within_the_bound(procs: Procs, when: str) -> None:
+    log_dir = procs.root / "runs"
+    cmd = [PYTHON, "-m", "node", "local", "--nodes", "3", "--rounds", "100000", "--models", "tiny-s"]
+    cmd += ["--no-dashboard", "--generations", "4", "--log-dir", str(log_dir)]
+    local = procs.start("local", cmd)
+    if when == "starting":  # the fork server is importing, or node 0 is joining: no node is up yet
+        wait_for(lambda: (log_dir / "forkserver.log").exists(), 60, "the fork server started", watch=[local])
+    else:
+        wait_for(lambda: "nodes up" in local.output(), 180, "the local swarm", poll=0.25, watch=[local])
+        wait_for(lambda: "rounds" in local.output().split("nodes up")[-1], 60, "a round", watch=[local])
+    tree = psutil.Process(local.popen.pid).children(recursive=True)
+    local.send(signal.SIGINT)
+    assert local.wait(30) in (0, 130), local.log_tail()
+    wait_for(lambda: all(_gone(p.pid) for p in tree), 15, "every process local started gone")
+    if when == "running":
+        assert len(tree) >= 1 + 3 * 3  # the fork server, and 3 nodes with their DHT process and p2pd each
