@@ -65,11 +65,14 @@ def publisher_key(swarm_id: str, publisher: str, window: int, shards: int) -> st
     return descriptor_key(swarm_id, window, shards, shard_of(publisher, window, shards))
 
 
-def publisher_keys(swarm_id: str, publisher: str, window: int, shards: int, estimated_publishers: float) -> list[str]:
+def publisher_keys(
+    swarm_id: str, publisher: str, window: int, shards: int, estimated_publishers: float, floor: int = 1
+) -> list[str]:
     """Every key ``publisher`` stores its descriptor of ``window`` under: its shard at its own level, and at a
-    neighbouring level when its estimate is near the threshold that would move it there (at most two)."""
+    neighbouring level when its estimate is near the threshold that would move it there (at most two; never
+    below ``floor``, the swarm's configured fewest shards, where no one reads)."""
     down, up = near_threshold(shards, estimated_publishers)
-    levels = [shards, *([shards // 2] if down else []), *([shards * 2] if up else [])]
+    levels = [shards, *([shards // 2] if down and shards // 2 >= floor else []), *([shards * 2] if up else [])]
     return [publisher_key(swarm_id, publisher, window, s) for s in levels]
 
 

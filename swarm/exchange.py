@@ -291,7 +291,8 @@ class RolloutExchange:
         with self._lock:
             shards, estimate = self._shards, self._estimate
         window = int(created // self.cfg.window_s)
-        keys = discovery.publisher_keys(self.membership.cfg.swarm_id, self.peer_id, window, shards, estimate)
+        swarm_id, floor = self.membership.cfg.swarm_id, self.cfg.min_shards
+        keys = discovery.publisher_keys(swarm_id, self.peer_id, window, shards, estimate, floor)
         ok = self._store(keys[0], desc)
         for extra in keys[1:]:  # near a shard-count threshold: also where nodes a level away read
             self._store(extra, desc)

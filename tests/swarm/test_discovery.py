@@ -70,6 +70,7 @@ def test_near_a_threshold_a_publisher_also_stores_at_the_neighbouring_level() ->
     near_down = publisher_keys(SWARM, "p", 3, 16, 0.3 * 64 * 16)
     assert near_down == [publisher_key(SWARM, "p", 3, 16), publisher_key(SWARM, "p", 3, 8)]
     assert publisher_keys(SWARM, "p", 3, 1, 10.0) == [publisher_key(SWARM, "p", 3, 1)]
+    assert publisher_keys(SWARM, "p", 3, 16, 0.3 * 64 * 16, floor=16) == [publisher_key(SWARM, "p", 3, 16)]
 
 
 def _simulate(n: int, windows: int, seed: int = 0) -> tuple[set[int], list[int]]:

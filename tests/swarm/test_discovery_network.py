@@ -61,9 +61,11 @@ def test_descriptors_live_under_shard_keys_and_every_reader_finds_every_peer(tri
     assert dht is not None
     base = dht.get(window_key(SWARM, descs[0].created, reader.cfg.window_s), latest=True)
     in_base = set(base.value) if base is not None else set()
-    for d in descs:  # each under its own shard key; the base key (shard 0) holds shard 0's publishers only
+    for d in descs:  # each under its own shard key
         found = dht.get(discovery.publisher_key(SWARM, d.publisher, window, SHARDS), latest=True)
         assert found is not None and d.publisher in found.value
+    for d in descs:  # the base key is shard 0 of every level: it holds shard 0's publishers only (nothing is
+        # stored below the configured 4 shards, though 3 publishers are far below 4 shards' worth)
         assert (d.publisher in in_base) == (discovery.shard_of(d.publisher, window, SHARDS) == 0)
     assert {ex.shards for ex in trio} == {SHARDS}  # 3 publishers: the count stays at the configured floor
 
