@@ -9,7 +9,8 @@ Usage::
 The simulator gets what each run measured as its costs (the round lengths and
 the collects' durations, drawn from the run's own; the share of a round before
 its batch is published; the shares of DHT reads and stores that failed, from
-the nodes' own warnings) and nothing of what it predicts. Rounds 1-2 are left
+the nodes' own warnings; the median time a store took, from the round records)
+and nothing of what it predicts. Rounds 1-2 are left
 out on both sides (every node starts with nothing to collect).
 """
 
@@ -39,6 +40,7 @@ class Measured:
 
     read_fail: float = 0.0
     store_fail: float = 0.0
+    store_s: float = 0.05  # the nodes' median time for a descriptor store (records' store_s), if recorded
 
 
 def measure(run: Path) -> Measured:
@@ -59,6 +61,9 @@ def measure(run: Path) -> Measured:
     collects = sum(1 for e in events if e.get("collect_s") is not None)
     m.read_fail = min(1.0, logs.count("DHT read of") / max(2 * collects, 1))
     m.store_fail = min(1.0, logs.count("DHT store of") / max(len(events), 1))
+    stores = [float(e["store_s"]) for e in late if e.get("store_s") is not None]
+    if stores:
+        m.store_s = statistics.median(stores)
     return m
 
 
@@ -66,7 +71,7 @@ def predict(m: Measured, seed: int = 0) -> Outcome:
     p = Params(
         nodes=m.nodes, mode="single", round_s=statistics.median(m.durations), gen_frac=m.gen_frac,
         read_s=min(m.collects), collect_durations=tuple(m.collects), rounds=m.rounds, warmup_rounds=WARMUP,
-        durations=tuple(m.durations), together=True, limit=8, seed=seed, read_fail=m.read_fail,
+        durations=tuple(m.durations), together=True, limit=8, seed=seed, read_fail=m.read_fail, store_s=m.store_s,
         store_fail=m.store_fail,
     )  # fmt: skip
     return simulate(p)
@@ -83,10 +88,10 @@ def _err(predicted: float, measured: float) -> str:
 
 def validate(folder: Path) -> str:
     lines = [
-        "| N | rounds | round s (median) | DHT reads / stores that failed "
+        "| N | rounds | round s (median) | store s | DHT reads / stores that failed "
         "| seen per collect (mean): measured / predicted | error "
         "| age p50 s: measured / predicted | error | age p95 s: measured / predicted | error |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in sorted(folder.iterdir(), key=lambda r: int(r.name.split("-")[0][1:])):
         m = measure(run)
@@ -95,7 +100,8 @@ def validate(folder: Path) -> str:
         a50 = (_q(m.ages, 0.5), _q(o.collect_ages, 0.5))
         a95 = (_q(m.ages, 0.95), _q(o.collect_ages, 0.95))
         lines.append(
-            f"| {m.nodes} | {m.rounds} | {statistics.median(m.durations):.2f} | {m.read_fail:.0%} / {m.store_fail:.0%} "
+            f"| {m.nodes} | {m.rounds} | {statistics.median(m.durations):.2f} | {m.store_s:.2f} "
+            f"| {m.read_fail:.0%} / {m.store_fail:.0%} "
             f"| {seen_m:.0f} / {seen_p:.0f} "
             f"| {_err(seen_p, seen_m)} | {a50[0]:.2f} / {a50[1]:.2f} | {_err(a50[1], a50[0])} "
             f"| {a95[0]:.2f} / {a95[1]:.2f} | {_err(a95[1], a95[0])} |"

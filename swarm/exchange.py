@@ -21,7 +21,7 @@ import logging
 import random
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -217,6 +217,7 @@ class RolloutExchange:
         self._reputation = Reputation(self.cfg.reputation)
         self._opened = OpenedCache()
         self._pending_stores = 0
+        self._store_times: deque[float] = deque(maxlen=64)  # recent completed stores' durations, s
         self._shards = self.cfg.min_shards  # this node's view of the swarm's shard count, and its size estimate
         self._estimate = 0.0
         self._lock = threading.Lock()
@@ -257,8 +258,11 @@ class RolloutExchange:
             self._served.clear()
 
     def stats(self) -> dict[str, int]:
+        """Counters since start, and ``store_ms``: the median time of the last 64 descriptor stores that
+        completed, in ms (0 before the first), i.e. how long a descriptor takes to become readable."""
         with self._lock:
-            return dict(self._stats)
+            times = sorted(self._store_times)
+            return {**self._stats, "store_ms": round(1000 * times[len(times) // 2]) if times else 0}
 
     def _count(self, **deltas: int) -> None:
         with self._lock:
@@ -312,6 +316,7 @@ class RolloutExchange:
         if dht is None:
             self._count(publish_failed=1)
             return False
+        started = time.monotonic()
         future = dht.store(key, sealed, desc.expires, subkey=self.peer_id, return_future=True)
         with self._lock:
             wait = self.cfg.publish_wait_s if self._pending_stores < _MAX_PENDING_STORES else self.cfg.dht_timeout_s
@@ -322,12 +327,18 @@ class RolloutExchange:
                 return self._store_failed(future, key, "timeout")
             with self._lock:
                 self._pending_stores += 1
-            future.add_done_callback(self._store_done)
+            future.add_done_callback(lambda f: self._store_done(f, started))
             return None
         except Exception as e:
             return self._store_failed(future, key, str(e) or type(e).__name__)
         self._count(published=int(ok), publish_failed=int(not ok))
+        self._store_took(ok, started)
         return ok
+
+    def _store_took(self, ok: bool, started: float) -> None:
+        if ok:
+            with self._lock:
+                self._store_times.append(time.monotonic() - started)
 
     def _store_failed(self, future: Any, key: str, why: str) -> bool:
         future.cancel()
@@ -335,12 +346,13 @@ class RolloutExchange:
         logger.warning("%s DHT store of %s failed: %s", self._tag(), key, why)
         return False
 
-    def _store_done(self, future: Any) -> None:
+    def _store_done(self, future: Any, started: float) -> None:
         """A background store ended (called from hivemind's future thread)."""
         ok = not future.cancelled() and future.exception() is None and bool(future.result())
         with self._lock:
             self._pending_stores -= 1
         self._count(published=int(ok), publish_failed=int(not ok))
+        self._store_took(ok, started)
 
     def _lookup(self, digest: str) -> bytes | None:
         with self._lock:

@@ -319,6 +319,7 @@ class Node:
             round_s=time.monotonic() - t0,
             descriptors_seen=collected.descriptors_seen,
             external_age_s=collected.external_age_s,
+            store_s=traffic["store_ms"] / 1000 if traffic.get("store_ms") else None,
             trained_sources=stats.get("sources", {}),
             grad_local=stats.get("grad_local"),
             grad_external=stats.get("grad_external"),

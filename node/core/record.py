@@ -89,6 +89,7 @@ class RoundRecord:
     round_s: float
     descriptors_seen: int | None = None
     external_age_s: float | None = None
+    store_s: float | None = None
     trained_sources: dict[str, dict[str, float]] = field(default_factory=dict)
     grad_local: float | None = None
     grad_external: float | None = None
