@@ -154,7 +154,8 @@ class _Swarm:
 
     p: Params
     rng: random.Random
-    keys: dict[str, dict[int, tuple[float, float]]] = field(default_factory=lambda: defaultdict(dict))
+    # key -> publisher -> its stores not yet superseded by a landed later one: (visible at, created)
+    keys: dict[str, dict[int, list[tuple[float, float]]]] = field(default_factory=lambda: defaultdict(dict))
     key_lists: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     latest: dict[int, float] = field(default_factory=dict)  # gossip: publisher -> created of its freshest
     published: list[int] = field(default_factory=list)
@@ -234,7 +235,11 @@ def _publish(sw: _Swarm, i: int, t: float) -> None:
     for key in keys:
         if i not in sw.keys[key]:
             sw.key_lists[key].append(i)
-        sw.keys[key][i] = (t + p.store_s, t)
+        # stores land in order after store_s; until the newest lands, readers get the last one that has
+        held = sw.keys[key].setdefault(i, [])
+        landed = max((c for v, c in held if v <= t), default=None)
+        held[:] = [(v, c) for v, c in held if landed is None or c >= landed]
+        held.append((t + p.store_s, t))
         sw.node_bytes += sw.counting * p.replicas * p.desc_bytes  # the store reaches every replica
 
 
@@ -257,7 +262,7 @@ def _collect(sw: _Swarm, out: Outcome, i: int, snap: float) -> list[tuple[int, f
     else:
         plan = discovery.read_plan((window, window - 1), sw.shards[i], p.reads, sw.rng)
     found: dict[discovery.ShardRead, list[str]] = {}
-    readable: list[dict[int, tuple[float, float]]] = []
+    readable: list[dict[int, list[tuple[float, float]]]] = []
     lists: list[list[int]] = []
     for read in plan:
         key = read.key("sim")
@@ -285,7 +290,7 @@ def _collect(sw: _Swarm, out: Outcome, i: int, snap: float) -> list[tuple[int, f
             sw.shards[i] = discovery.next_shard_count(sw.shards[i], sw.estimates[i])
 
     def freshest_dht(j: int) -> float | None:
-        times = [c for held in readable if (e := held.get(j)) is not None and (c := e[1]) + p.store_s <= snap]
+        times = [c for held in readable for v, c in held.get(j, ()) if v <= snap]
         return max(times) if times else None
 
     return _choose(sw, i, lists, freshest_dht)
