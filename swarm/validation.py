@@ -130,15 +130,16 @@ class DescriptorBinding:
             return RecordRefusal.FROM_THE_FUTURE
         if expiration > desc.expires + self.slack_s:
             return RecordRefusal.OUTLIVES_SIGNATURE
-        if self.swarm_id is not None and key not in self._keys(desc):
+        if self.swarm_id is not None and not self._under_own_key(desc, key):
             return RecordRefusal.WRONG_KEY
         return None
 
-    def _keys(self, desc: Descriptor) -> list[bytes]:
-        """The keys a descriptor may live under: its publisher's shard of its window at each shard level."""
+    def _under_own_key(self, desc: Descriptor, key: bytes) -> bool:
+        """Whether ``key`` is its publisher's shard of its window at some shard level (the base key first:
+        most descriptors live there, so most checks hash one key)."""
         assert self.swarm_id is not None
         window = int(desc.created // self.window_s)
-        return [dht_key(k) for k in discovery.valid_keys(self.swarm_id, desc.publisher, window)]
+        return any(key == dht_key(k) for k in discovery.valid_keys(self.swarm_id, desc.publisher, window))
 
 
 def sync_record_keys(swarm_id: str, record: Any) -> tuple[str, ...]:

@@ -111,7 +111,11 @@ def _start(line: bytes, inherited: Sequence[int]) -> None:
     except (ValueError, KeyError, TypeError) as e:
         _reply({"error": f"bad start request: {e}"})
         return
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as e:  # out of processes or memory: this node does not start, the server goes on
+        _reply({"error": f"fork failed: {e.strerror}"})
+        return
     if pid == 0:
         _child(argv, log, inherited)
     _reply({"pid": pid})
