@@ -20,6 +20,9 @@ processes (``--fresh-processes``). A node's total PSS is the sum of its
 processes' peaks plus the fork server's PSS divided among the nodes (an upper
 bound: the peaks need not coincide); the start time is ``local``'s "nodes up".
 
+``--min-generate S`` paces every node (rounds of at least S s, as a real model's), so
+that a big local swarm keeps a real swarm's DHT load per second.
+
 ``--compare-isolated`` adds, for the first N, the same swarm with sharing off
 at equal compute: ``I+J`` local groups and 0 external (no collect; rollouts
 are still published), so the ratio isolates what collecting and verifying
@@ -56,6 +59,7 @@ class Peak:
     rss: int = 0
     uss: int = 0
     pss: int = 0
+    cpu: float = 0.0  # CPU seconds (user + system) used so far, at the latest sample
 
 
 KINDS = ("node", "dht", "p2pd", "shm")
@@ -79,6 +83,7 @@ def sample_tree(pid: int, peaks: dict[str, Peak]) -> None:
     for proc in procs:
         try:
             info = proc.memory_full_info()
+            times = proc.cpu_times()
             kind = _kind(proc, pid)
         except psutil.Error:
             continue
@@ -86,9 +91,11 @@ def sample_tree(pid: int, peaks: dict[str, Peak]) -> None:
         cur.rss += info.rss
         cur.uss += info.uss
         cur.pss += info.pss
+        cur.cpu += times.user + times.system
     for kind, cur in now.items():
         best = peaks.setdefault(kind, Peak())
         best.rss, best.uss, best.pss = max(best.rss, cur.rss), max(best.uss, cur.uss), max(best.pss, cur.pss)
+        best.cpu = max(best.cpu, cur.cpu)  # cumulative: the latest sample is the largest
 
 
 def _fork_server(pid: int) -> int | None:
@@ -144,6 +151,7 @@ def run_swarm(
     timeout: float,
     fresh: bool = False,
     keep: Path | None = None,
+    min_generate: float = 0.0,
 ) -> SwarmStats:
     """One ``swarm-node local`` run, sampling memory while it goes; its logs are copied to ``keep``/N<n>-<label>."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,6 +160,7 @@ def run_swarm(
         cmd += ["--models", model, "--local", str(split[0]), "--external", str(split[1])]
         cmd += ["--log-dir", str(log_dir), "--round-timeout", "120", "--no-dashboard"]
         cmd += ["--fresh-processes"] if fresh else []
+        cmd += ["--min-generate", str(min_generate)] if min_generate else []
         t0 = time.monotonic()
         stats = SwarmStats(label, n, 0, False, 0.0)
         every = max(2.0, n / 4)  # reading smaps costs ~10 ms a process: keep the sampler's CPU small
@@ -224,6 +233,13 @@ def report(rows: list[SwarmStats], isolated: SwarmStats | None, cores: int) -> N
         total_uss = f"{statistics.fmean(uss):.0f}" if uss else "-"
         print(f"| {s.label} | {s.nodes} | {s.up_s:.1f} | " + " | ".join(cells) + f" | {server} ", end="")
         print(f"| **{per_node:.0f}** | {total_uss} |")
+    print("\nCPU per node-round (s, all nodes' processes up to the last sample, over the node-rounds done)")
+    print("| run | N | python node | DHT child | p2pd | total |")
+    print("|---|---|---|---|---|---|")
+    for s in rows:
+        cpu = {k: sum(m[k].cpu for m in s.memory.values() if k in m) / max(s.rounds_done, 1) for k in KINDS}
+        per_kind = " | ".join(f"{cpu[k]:.3f}" for k in ("node", "dht", "p2pd"))
+        print(f"| {s.label} | {s.nodes} | {per_kind} | {sum(cpu.values()):.3f} |")
 
 
 def main() -> None:
@@ -236,6 +252,10 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=900.0, help="per-run time limit")
     ap.add_argument("--launchers", default="fork", help="comma-separated: fork (the default), fresh, or both")
     ap.add_argument("--keep", type=Path, default=None, help="copy each run's logs and metrics here")
+    ap.add_argument(
+        "--min-generate", type=float, default=0.0,
+        help="pace the nodes: each round's generation lasts at least this long (s), as a bigger model's would",
+    )  # fmt: skip
     args = ap.parse_args()
     local, external = parse_split(args.split)
     launchers = [w.strip() for w in args.launchers.split(",")]
@@ -244,10 +264,13 @@ def main() -> None:
     rows = []
     for n in args.nodes:
         for launcher in launchers:  # side by side, same N, one after the other
-            label = f"{args.model} {args.split} {launcher}"
+            paced = f" paced {args.min_generate:g}s" if args.min_generate else ""
+            label = f"{args.model} {args.split} {launcher}{paced}"
             split = (local, external)
             fresh = launcher == "fresh"
-            rows.append(run_swarm(label, n, args.rounds, args.model, split, args.budget_s, fresh, args.keep))
+            rows.append(
+                run_swarm(label, n, args.rounds, args.model, split, args.budget_s, fresh, args.keep, args.min_generate)
+            )
             print(f"N={n} {launcher} done in {rows[-1].wall_s:.0f}s", file=sys.stderr)
     isolated = None
     if args.compare_isolated:

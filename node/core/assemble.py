@@ -26,6 +26,8 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
     Per-model defaults (:func:`~node.training.models.recommended_defaults`) fill
     ``max_new_tokens`` (when 0), the learning rate (when None) and the tasks (when none is given).
     """
+    if not 0 <= opts.min_generate <= 3600:
+        raise ValueError(f"--min-generate {opts.min_generate:g}: use seconds in [0, 3600] (0: off), e.g. 20")
     rec = recommended_defaults(opts.model)
     cfg = NodeConfig(
         model=opts.model, tasks=tuple(opts.task) or rec.tasks, accept_tasks=tuple(opts.accept_task), seed=opts.seed,
@@ -33,7 +35,7 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
         local_groups=opts.local_groups, external_groups=opts.external_groups, num_generations=opts.generations,
         sampling=opts.sampling, log_dir=opts.log_dir, device=opts.device, max_threads=opts.max_threads,
         identity=opts.identity, overlap_network=not opts.wait_network, network_wait_s=opts.network_wait,
-        diagnose_groups=opts.diagnose_groups,
+        diagnose_groups=opts.diagnose_groups, min_generate_s=opts.min_generate,
     )  # fmt: skip
     if opts.micro_batch < 0:
         raise ValueError(f"--micro-batch {opts.micro_batch}: use 0 (the model's default) or a positive count, e.g. 2")

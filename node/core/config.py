@@ -61,6 +61,14 @@ class NodeConfig:
             "DHT, slow peers) is ingested by a later round. Bounds what the network costs a round."
         },
     )
+    min_generate_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "Shortest a round's generation phase lasts: a node that generated faster waits out the rest "
+            "before sharing, as a bigger model would. Lets a local swarm of tiny models keep a real swarm's round "
+            "length (and its DHT load per second); 0 turns it off."
+        },
+    )
     log_dir: str = field(default="runs", metadata={"help": "Metrics go to <log_dir>/<peer-short-id>/."})
     device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or mps."})
     max_threads: int = field(default=0, metadata={"help": "CPU threads for torch; 0 leaves torch's default."})
@@ -90,6 +98,7 @@ class NodeConfig:
             (self.pool_capacity >= 1, f"pool_capacity={self.pool_capacity}; use at least 1"),
             (self.collect_limit >= 0, f"collect_limit={self.collect_limit}; use 0 or more"),
             (0 <= self.network_wait_s <= 60, f"network_wait_s={self.network_wait_s}; use seconds in [0, 60]"),
+            (0 <= self.min_generate_s <= 3600, f"min_generate_s={self.min_generate_s}; use seconds in [0, 3600]"),
             (self.device in DEVICES, f"device={self.device!r}; use one of {DEVICES}"),
             (self.max_threads >= 0, f"max_threads={self.max_threads}; use 0 (default) or a positive count"),
         ]

@@ -240,6 +240,9 @@ class Node:
         items = self.task_mix.sample(self.round, self.cfg.local_groups)
         self._request_collect()
         local = self._generate_local(items)
+        # pacing (min_generate_s): a tiny model in a local swarm stands in for a bigger one, so the swarm keeps
+        # a real round's length and DHT load per second; the wait ends at once on stop
+        self.stop_event.wait(max(0.0, t0 + self.cfg.min_generate_s - time.monotonic()))
         t_gen = time.monotonic()
         if self.stop_event.is_set():
             self._abort_round("generation")
@@ -320,6 +323,8 @@ class Node:
             descriptors_seen=collected.descriptors_seen,
             external_age_s=collected.external_age_s,
             store_s=traffic["store_ms"] / 1000 if traffic.get("store_ms") else None,
+            stores=traffic.get("published", 0),
+            stores_failed=traffic.get("publish_failed", 0),
             trained_sources=stats.get("sources", {}),
             grad_local=stats.get("grad_local"),
             grad_external=stats.get("grad_external"),

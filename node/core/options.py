@@ -139,6 +139,12 @@ class NodeOptions:
         "ingested later",
         inherit=True,
     )
+    min_generate: float = option(
+        0.0,
+        "shortest a round's generation lasts (s): a faster node waits out the rest before sharing, as a bigger "
+        "model would, so a local swarm of tiny models keeps a real swarm's round length (0: off)",
+        inherit=True,
+    )
     log_dir: str = option("runs", "metrics go to <log-dir>/<peer-short-id>/metrics.jsonl")
     device: str = option("auto", "auto, cpu, cuda or mps", inherit=True)
     max_threads: int = option(0, "cap torch CPU threads (0: torch default)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -528,6 +529,40 @@ def test_rounds_go_on_while_the_network_is_held_and_ingest_its_result_later(
 
 
 HELD_COLLECT_S = 5.0
+
+
+def test_a_paced_round_generates_for_the_minimum_and_ingests_a_slow_collect(
+    make_node: NodeMaker, tmp_path: Path
+) -> None:
+    """--min-generate: a tiny model stands in for a bigger one; its collect has the generation time to land."""
+    h = Harness()
+    node = make_node(h, overlap_network=True, network_wait_s=0.05, min_generate_s=1.0)
+    (p1,) = peer_ids(tmp_path, 1)
+    never = threading.Event()
+
+    def slow_collect() -> None:  # takes 0.3 s: longer than network_wait_s
+        never.wait(0.3)
+
+    h.exchange.on_collect = slow_collect
+    h.exchange.queued.append(CollectResult([accepted(p1, [informative(1)])], [], 1, 0.0))
+
+    record = node.run_round()
+
+    assert record is not None and record.generate_s >= 1.0 and record.round_s >= record.generate_s
+    assert record.accepted_groups == 1  # unpaced, this round would have gone on without it (test above)
+
+
+def test_stop_during_the_pacing_wait_abandons_the_round_at_once(make_node: NodeMaker) -> None:
+    h = Harness()
+    node = make_node(h, overlap_network=True, min_generate_s=600.0)
+    h.exchange.on_collect = node.stop_event.set  # the collect starts beside generation; stop lands in the wait
+    t0 = time.monotonic()
+
+    assert node.run_round() is None
+
+    assert time.monotonic() - t0 < 60.0  # not the 600 s of pacing
+    assert node.round == 0 and h.exchange.published == []
+    assert metric_events(node, "round") == []
 
 
 # ---- 5. abort paths ------------------------------------------------------------------------
