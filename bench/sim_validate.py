@@ -60,11 +60,26 @@ def measure(run: Path) -> Measured:
     logs = "".join(p.read_text(errors="replace") for p in run.glob("node*.log"))
     collects = sum(1 for e in events if e.get("collect_s") is not None)
     m.read_fail = min(1.0, logs.count("DHT read of") / max(2 * collects, 1))
-    m.store_fail = min(1.0, logs.count("DHT store of") / max(len(events), 1))
+    m.store_fail = _store_fail(run) if any("stores" in e for e in events) else (
+        min(1.0, logs.count("DHT store of") / max(len(events), 1))  # runs from before the records counted stores
+    )  # fmt: skip
     stores = [float(e["store_s"]) for e in late if e.get("store_s") is not None]
     if stores:
         m.store_s = statistics.median(stores)
     return m
+
+
+def _store_fail(run: Path) -> float:
+    """The share of descriptor stores that failed, over every node (each node's counters at its last round).
+
+    A node near a shard-count threshold stores twice per round, so stores, not rounds, are the denominator.
+    """
+    ok = failed = 0
+    for path in run.glob("*/metrics.jsonl"):
+        last = max(read_events(path, "round"), key=lambda e: int(e["round"]), default=None)
+        if last is not None:
+            ok, failed = ok + int(last.get("stores", 0)), failed + int(last.get("stores_failed", 0))
+    return failed / max(ok + failed, 1)
 
 
 def predict(m: Measured, seed: int = 0) -> Outcome:

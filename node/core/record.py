@@ -90,6 +90,8 @@ class RoundRecord:
     descriptors_seen: int | None = None
     external_age_s: float | None = None
     store_s: float | None = None
+    stores: int = 0
+    stores_failed: int = 0
     trained_sources: dict[str, dict[str, float]] = field(default_factory=dict)
     grad_local: float | None = None
     grad_external: float | None = None
