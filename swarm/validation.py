@@ -26,6 +26,16 @@ whole if one entry fails). The rules, in the order they are checked:
 5. ``created`` is at most :data:`protocol.limits.MAX_CLOCK_SKEW_S` ahead of
    this node's clock.
 
+Opening an envelope (decoding, schema, Ed25519 signature) depends only on its
+bytes, so its outcome is remembered for the last :data:`OPENED_CACHE` distinct
+envelopes. hivemind validates every entry of every reply a lookup gets, and a
+lookup asks several nodes, each answering with the key's whole dictionary: on
+one 2-core machine running 64 nodes, DHT processes spent two thirds of their
+CPU in this validator, mostly re-verifying the same descriptors
+(bench/RESULTS.md, "Validation against real runs"). The rules that depend on
+the key, subkey, expiration and clock still run on every call. A flood of
+distinct envelopes only evicts: it costs what it cost without the cache.
+
 Every refusal is counted by :class:`RecordRefusal` on the validator (read it
 with :func:`refusal_counts`) and logged at DEBUG. Every node of a swarm must
 run the same rules (docs/ARCHITECTURE.md, "Validators"): swarm id, window width
@@ -34,9 +44,12 @@ and sync timeouts are swarm-wide settings, like the swarm id itself.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
-from collections import Counter
+import os
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -200,6 +213,9 @@ def _descriptor_signer(desc: Descriptor) -> str:
     return desc.publisher
 
 
+OPENED_CACHE = 4096  # envelopes (~0.5 KB each as a descriptor): a few windows of a 1,000-node swarm's shard reads
+
+
 class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind is not type-checked: Any
     """Accepts only signed envelopes of the registered kinds, bound to their key, subkey and lifetime.
 
@@ -215,6 +231,9 @@ class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivem
         self.clock = clock
         self.refused: Counter[RecordRefusal] = Counter()
         self.accepted = 0
+        self.opened_hits = 0  # envelopes whose outcome came from the cache
+        self._opened: OrderedDict[bytes, Any] = OrderedDict()  # sha256(kind, envelope) -> record or None
+        self._lock, self._pid = threading.Lock(), os.getpid()
 
     @property
     def max_value_bytes(self) -> int:
@@ -244,10 +263,8 @@ class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivem
             return RecordRefusal.NO_SUBKEY
         data, kind = envelope
         rule = self.rules[kind]
-        try:
-            opened = open_envelope(data, kind, rule.max_bytes, rule.parse, rule.signer)
-        except MessageRejected as e:
-            logger.debug("DHT record of kind %s does not open: %s", kind, e.reason)
+        opened = self._open(data, kind, rule)
+        if opened is None:
             return RecordRefusal.BAD_RECORD
         if rule.signer(opened) != subkey:
             return RecordRefusal.WRONG_SUBKEY
@@ -255,6 +272,27 @@ class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivem
         if not math.isfinite(expiration):
             return RecordRefusal.OUTLIVES_SIGNATURE
         return rule.binding.check(opened, bytes(record.key), expiration, self.clock())
+
+    def _open(self, data: bytes, kind: str, rule: KindRule) -> Any:
+        """The envelope's record, or None if it does not open; remembered by content (see the module doc)."""
+        digest = hashlib.sha256(kind.encode() + b"\0" + data).digest()
+        if self._pid != os.getpid():  # forked into hivemind's DHT process: a lock held at the fork stays held
+            self._lock, self._pid = threading.Lock(), os.getpid()
+        with self._lock:
+            if digest in self._opened:
+                self._opened.move_to_end(digest)
+                self.opened_hits += 1
+                return self._opened[digest]
+        try:
+            opened = open_envelope(data, kind, rule.max_bytes, rule.parse, rule.signer)
+        except MessageRejected as e:
+            logger.debug("DHT record of kind %s does not open: %s", kind, e.reason)
+            opened = None
+        with self._lock:
+            self._opened[digest] = opened
+            while len(self._opened) > OPENED_CACHE:
+                self._opened.popitem(last=False)
+        return opened
 
     def merge_with(self, other: RecordValidatorBase) -> bool:
         """Absorb another instance by taking the union of kinds.

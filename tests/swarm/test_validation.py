@@ -13,7 +13,7 @@ from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import MSGPackSerializer
 
-from protocol import Descriptor, SigningKey, codec, limits, seal_descriptor
+from protocol import Descriptor, SigningKey, codec, limits, seal_descriptor, signing
 from protocol.messages import DESCRIPTOR_KIND, ROLLOUT_BATCH_KIND
 from protocol.signing import seal
 from swarm.exchange import ExchangeConfig, RolloutExchange, window_key
@@ -279,3 +279,47 @@ def test_a_check_that_raises_is_a_counted_refusal() -> None:
     v.clock = broken
     assert not v.validate(_desc_record(_desc(ALICE.peer_id)))
     assert v.refused[RecordRefusal.BAD_RECORD] == 1
+
+
+def test_an_envelope_is_verified_once_but_every_rule_of_its_record_runs_each_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """hivemind validates every entry of every lookup reply: the signature of the same bytes is checked once."""
+    import swarm.validation as validation
+
+    opened: list[bytes] = []
+    real = signing.open_envelope
+
+    def counting(data: bytes, *args: Any) -> Any:
+        opened.append(data)
+        return real(data, *args)
+
+    monkeypatch.setattr(validation, "open_envelope", counting)
+    v, desc = _validator(), _desc(ALICE.peer_id)
+    good = _desc_record(desc)
+    for _ in range(5):
+        assert _refusal(v, good) is None
+    assert len(opened) == 1 and v.opened_hits == 4
+    # the same (cached) envelope under another key, subkey, expiration or clock is judged afresh
+    later = window_key(SWARM, NOW + WINDOW, WINDOW)
+    assert _refusal(v, _desc_record(desc, key=later)) is RecordRefusal.WRONG_KEY
+    assert _refusal(v, _desc_record(desc, subkey=MALLORY.peer_id)) is RecordRefusal.WRONG_SUBKEY
+    assert _refusal(v, _desc_record(desc, exp=NOW + 3600.0)) is RecordRefusal.OUTLIVES_SIGNATURE
+    v.clock = lambda: NOW - limits.MAX_CLOCK_SKEW_S - 1.0  # this node's clock is behind: the record is ahead
+    assert _refusal(v, good) is RecordRefusal.FROM_THE_FUTURE
+    assert len(opened) == 1
+    # a forged envelope is remembered as forged
+    forged = _desc_record(desc, MALLORY)
+    assert _refusal(v, forged) is RecordRefusal.BAD_RECORD and _refusal(v, forged) is RecordRefusal.BAD_RECORD
+    assert len(opened) == 2
+
+
+def test_the_envelope_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import swarm.validation as validation
+
+    monkeypatch.setattr(validation, "OPENED_CACHE", 8)
+    v = _validator()
+    keys = [SigningKey(bytes([i]) * 32) for i in range(20)]
+    for key in keys:  # a flood of distinct genuine envelopes only evicts
+        assert _refusal(v, _desc_record(_desc(key.peer_id), key)) is None
+    assert len(v._opened) == 8 and v.accepted == 20
