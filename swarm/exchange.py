@@ -317,7 +317,13 @@ class RolloutExchange:
             self._count(publish_failed=1)
             return False
         started = time.monotonic()
-        future = dht.store(key, sealed, desc.expires, subkey=self.peer_id, return_future=True)
+        # done at the first replica that holds it (readers can find it from then on); hivemind goes on storing
+        # to the other replicas in the background. Waiting for all of them measured the slowest replica, not
+        # when the descriptor became readable, and on a busy DHT held a store for seconds (bench/RESULTS.md)
+        future = dht.store(
+            key, sealed, desc.expires, subkey=self.peer_id, return_future=True,
+            await_all_replicas=False, await_all_tasks=False,
+        )  # fmt: skip
         with self._lock:
             wait = self.cfg.publish_wait_s if self._pending_stores < _MAX_PENDING_STORES else self.cfg.dht_timeout_s
         try:
