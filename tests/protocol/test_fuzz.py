@@ -77,15 +77,15 @@ def test_deep_envelope_kind_is_a_rejection() -> None:
         open_descriptor(DEEP_KIND)
 
 
-def test_validator_target_catches_the_safety_net(
-    targets: dict[str, Target[Any]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_validator_target_catches_the_safety_net(monkeypatch: pytest.MonkeyPatch) -> None:
     # validate() turns any exception into a refusal and a WARNING: the target must still call that a crash
     def broken(*_: Any) -> Any:
         raise RuntimeError("bug in a check")
 
     monkeypatch.setattr(swarm.validation, "open_envelope", broken)
-    report = run_target(targets["swarm.validator.validate"], 50, time.monotonic() + 30, CFG)
+    # a fresh validator: the shared one remembers the envelopes it opened in earlier tests, and would not open them
+    fresh = next(t for t in all_targets() if t.name == "swarm.validator.validate")
+    report = run_target(fresh, 50, time.monotonic() + 30, CFG)
     assert report.crashes and report.crashes[0].outcome == Outcome.WRONG_RESULT
     assert "catch-all" in report.crashes[0].detail
 
