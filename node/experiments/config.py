@@ -56,6 +56,13 @@ class ExperimentConfig:
     lr: float | None = field(default=None, metadata={"help": "Learning rate (default: GRPOConfig's)."})
     max_new_tokens: int = field(default=0, metadata={"help": "Tokens per completion (0: the node's default)."})
     round_timeout: float = field(default=300.0, metadata={"help": "Fail a run if no node progresses this long (s)."})
+    min_generate: float = field(
+        default=0.0,
+        metadata={
+            "help": "Shortest a round's generation lasts (s): tiny models then keep a real model's round length, "
+            "so the network has the time it would have in a real swarm (0: off)."
+        },
+    )
     out: str = field(default="runs/experiment", metadata={"help": "Results folder (reused to resume)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress display."})
 
@@ -77,6 +84,7 @@ class ExperimentConfig:
             (self.lr is None or 0 < self.lr < 1, f"lr={self.lr}; use a value in (0, 1)"),
             (self.max_new_tokens >= 0, f"max_new_tokens={self.max_new_tokens}; use 0 (default) or more"),
             (self.round_timeout > 0, f"round_timeout={self.round_timeout}; use a positive number of seconds"),
+            (0 <= self.min_generate <= 3600, f"min_generate={self.min_generate}; use seconds in [0, 3600] (0: off)"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -123,7 +123,7 @@ def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path) -> list[str]:
         round_timeout=cfg.round_timeout, swarm_id=f"exp-{run.label}-{run.local}-{run.seed}", no_dashboard=True,
         models=",".join(cfg.models), lr=cfg.lr, max_new_tokens=cfg.max_new_tokens, task=tuple(cfg.tasks),
         external_min_logp=objective.min_token_logp, external_is_cap=objective.is_cap,
-        external_baseline=objective.baseline, diagnose_groups=cfg.diagnose,
+        external_baseline=objective.baseline, diagnose_groups=cfg.diagnose, min_generate=cfg.min_generate,
     )  # fmt: skip
     return [sys.executable, "-m", "node", "local", *to_argv(opts, only="changed")]
 

@@ -16,6 +16,8 @@ def experiment(procs: Procs, out: Path, name: str) -> tuple[int, str]:
     """Exit status and output (stdout and stderr) of one ``swarm-node experiment`` run, bounded at 240 s."""
     cmd = [PYTHON, "-m", "node", "experiment", "--nodes", "2", "--splits", "4/0,2/2", "--seeds", "1"]
     cmd += ["--rounds", "4", "--models", "tiny-s", "--tasks", "max", "--out", str(out), "--no-progress"]
+    # paced: unpaced, 4 tiny rounds take ~80 ms, and a peer's batch sometimes landed only after the last one
+    cmd += ["--min-generate", "0.3"]
     run = procs.start(name, cmd)
     return run.wait(240), run.output()
 
