@@ -8,9 +8,7 @@ filter a descriptor out but never buys it priority.
 
 from __future__ import annotations
 
-import hashlib
 import random
-from collections import OrderedDict
 from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 from protocol.errors import MessageRejected
 from protocol.messages import open_descriptor
 from protocol.schema import Descriptor
+from swarm.memo import ContentMemo
 from swarm.refusals import BatchRejection, Refusal
 from swarm.reputation import Reputation
 
@@ -80,24 +79,20 @@ class OpenedCache:
 
     A collect reads every entry of two windows; under a flood of validly
     signed descriptors (hundreds of keys) checking each Ed25519 signature on
-    every read cost ~0.1 ms an entry, every round. Bounded: oldest out first.
+    every read cost ~0.1 ms an entry, every round. Bounded (:class:`swarm.memo.ContentMemo`).
     """
 
     def __init__(self, capacity: int = 8192) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[tuple[str, bytes], Descriptor | Refusal] = OrderedDict()
+        self._memo: ContentMemo[Descriptor | Refusal] = ContentMemo(capacity)
+
+    def __len__(self) -> int:
+        return len(self._memo)
 
     def open(self, subkey: Any, value: Any) -> Descriptor | Refusal:
         """The descriptor under ``subkey``, or the refusal; from the cache when seen before."""
         if not isinstance(subkey, str) or not isinstance(value, bytes):
             return _open_uncached(subkey, value)
-        key = (subkey, hashlib.sha256(value).digest())
-        found = self._items.get(key)
-        if found is None:
-            found = self._items[key] = _open_uncached(subkey, value)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
-        return found
+        return self._memo.get(subkey, value, lambda: _open_uncached(subkey, value))
 
 
 def _open_uncached(subkey: Any, value: Any) -> Descriptor | Refusal:

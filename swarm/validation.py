@@ -44,12 +44,9 @@ and sync timeouts are swarm-wide settings, like the swarm id itself.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-import os
-import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -66,6 +63,7 @@ from protocol.messages import DESCRIPTOR_KIND
 from protocol.schema import Descriptor
 from protocol.signing import open_envelope
 from swarm import discovery
+from swarm.memo import ContentMemo
 from swarm.sync.config import COMPRESSIONS, OuterSyncConfig
 from swarm.sync.records import (
     JOIN_KIND,
@@ -231,9 +229,7 @@ class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivem
         self.clock = clock
         self.refused: Counter[RecordRefusal] = Counter()
         self.accepted = 0
-        self.opened_hits = 0  # envelopes whose outcome came from the cache
-        self._opened: OrderedDict[bytes, Any] = OrderedDict()  # sha256(kind, envelope) -> record or None
-        self._lock, self._pid = threading.Lock(), os.getpid()
+        self._opened: ContentMemo[Any] = ContentMemo(OPENED_CACHE)  # (kind, envelope) -> its record, or None
 
     @property
     def max_value_bytes(self) -> int:
@@ -273,26 +269,22 @@ class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivem
             return RecordRefusal.OUTLIVES_SIGNATURE
         return rule.binding.check(opened, bytes(record.key), expiration, self.clock())
 
+    @property
+    def opened_hits(self) -> int:
+        """Envelopes whose outcome came from the memo."""
+        return self._opened.hits
+
     def _open(self, data: bytes, kind: str, rule: KindRule) -> Any:
         """The envelope's record, or None if it does not open; remembered by content (see the module doc)."""
-        digest = hashlib.sha256(kind.encode() + b"\0" + data).digest()
-        if self._pid != os.getpid():  # forked into hivemind's DHT process: a lock held at the fork stays held
-            self._lock, self._pid = threading.Lock(), os.getpid()
-        with self._lock:
-            if digest in self._opened:
-                self._opened.move_to_end(digest)
-                self.opened_hits += 1
-                return self._opened[digest]
-        try:
-            opened = open_envelope(data, kind, rule.max_bytes, rule.parse, rule.signer)
-        except MessageRejected as e:
-            logger.debug("DHT record of kind %s does not open: %s", kind, e.reason)
-            opened = None
-        with self._lock:
-            self._opened[digest] = opened
-            while len(self._opened) > OPENED_CACHE:
-                self._opened.popitem(last=False)
-        return opened
+
+        def open_it() -> Any:
+            try:
+                return open_envelope(data, kind, rule.max_bytes, rule.parse, rule.signer)
+            except MessageRejected as e:
+                logger.debug("DHT record of kind %s does not open: %s", kind, e.reason)
+                return None
+
+        return self._opened.get(kind, data, open_it)
 
     def merge_with(self, other: RecordValidatorBase) -> bool:
         """Absorb another instance by taking the union of kinds.

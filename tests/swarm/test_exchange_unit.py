@@ -502,4 +502,4 @@ def test_each_dht_entry_is_opened_once_across_collects(monkeypatch: pytest.Monke
     assert opens["n"] == len(entries)
     small = OpenedCache(capacity=10)
     _select(entries, opened=small)
-    assert len(small._items) == 10  # bounded
+    assert len(small) == 10  # bounded
