@@ -54,6 +54,11 @@ RECENT_STEPS = 8
 RETRIES = 2
 """Rounds a target that no donor served is retried (the round waits) before this peer syncs at its own state."""
 
+SKIP_MARGIN = 64
+"""Revisions a skip leaves past the last one this peer saw reported: a dead branch's last commits may not
+have reached it (a node commits and is killed before its state record spreads; chaos run: a revision
+committed 36 s earlier was not in the records, and a skip to the last one seen landed on it)."""
+
 MAX_IGNORED = 256
 """Targets remembered as failed or refused (bounded memory; the oldest are forgotten first)."""
 
@@ -128,13 +133,15 @@ class CatchUpper:
 
     def skip(self, snap: Snapshot) -> int:
         """Revisions this peer's next commit from ``snap`` must skip: past the states others committed after it
-        that nobody could serve (a dead branch), so a revision number still names one state (at most MAX_SKIP)."""
+        that nobody could serve (a dead branch), so a revision number still names one state (see SKIP_MARGIN)."""
         if not any(r > snap.revision for r, _ in self._unserved):
             return 0
-        # past every later revision anyone reports too: the dead branch may have gone on before it died
+        # past every later revision anyone reports too (the dead branch may have gone on before it died),
+        # and a margin for its commits whose records never spread: a skip onto a number the branch took
+        # is the fork it is there to prevent
         seen = [r.revision for r in self._records.states.values()] + [r for r, _ in self._unserved]
         beyond = [r - snap.revision for r in seen if r > snap.revision]
-        return min(max(beyond, default=0), MAX_SKIP)
+        return min(max(beyond, default=0) + SKIP_MARGIN, MAX_SKIP)
 
     def trusted(self) -> frozenset[str]:
         """Peers whose state records may move this one (see :func:`decide_catch_up`)."""

@@ -24,9 +24,10 @@ VOTE_KIND = "sync-vote"
 STATE_KIND = "sync-state"
 MAX_RECORD_BYTES = 1024
 ABORT_DIGEST = "abort"
-MAX_SKIP = 8
-"""Most revisions a join record may ask its group's commit to skip (a liar in a group inflates numbers by at
-most this per commit)."""
+MAX_SKIP = 1024
+"""Most revisions a join record may ask its group's commit to skip. A skip must pass every number a dead
+branch may have taken (chaos runs: 11 past it, where a cap of 8 landed on one of them); a liar in a group
+inflates numbers by at most this per commit, so revisions (< 2^62) last 2^52 such commits."""
 _HEX = frozenset("0123456789abcdef")
 
 

@@ -14,7 +14,7 @@ import torch
 from protocol import SigningKey
 from swarm.sync import OuterSyncConfig
 from swarm.sync.allreduce import Snapshot
-from swarm.sync.catchup import RETRIES, CatchUpper
+from swarm.sync.catchup import RETRIES, SKIP_MARGIN, CatchUpper
 from swarm.sync.decide import (
     MAX_CONTESTED_AHEAD,
     CatchUpRefusal,
@@ -24,7 +24,7 @@ from swarm.sync.decide import (
 )
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
-from swarm.sync.records import StateRecord
+from swarm.sync.records import MAX_SKIP, StateRecord
 from swarm.sync.tensors import state_hash
 
 FP, H0, H1, HX = "0123456789abcdef", "a" * 64, "b" * 64, "f" * 64
@@ -330,7 +330,7 @@ def test_a_group_skips_past_a_dead_branch_so_a_revision_names_one_state() -> Non
     for _ in range(RETRIES):
         with pytest.raises(StateDownloadFailed):
             upper.catch_up(snap, lambda: False)
-    assert upper.skip(snap) == 1
+    assert upper.skip(snap) == 1 + SKIP_MARGIN  # past 4, and past commits of the branch never reported
     assert upper.skip(Snapshot(4, snap.state_hash, own, torch.zeros(10))) == 0  # history moved past it
     # a target refused as implausible is no evidence of a commit: no skip for it
     far = Snapshot(4, state_hash(100 * own, torch.zeros(10)), 100 * own, torch.zeros(10))
@@ -338,6 +338,23 @@ def test_a_group_skips_past_a_dead_branch_so_a_revision_names_one_state() -> Non
     with pytest.raises(StateDownloadFailed):
         liar.catch_up(snap, lambda: False)
     assert liar.skip(snap) == 0
+
+
+def test_a_skip_passes_a_dead_branch_however_far_it_went() -> None:
+    """Chaos run (seed 1): every holder of revisions 9-19 died; the survivors at 8 skipped the cap of 8 and
+    committed a second revision 17. The skip now passes the last revision anyone reports, plus a margin."""
+    own = torch.ones(10)
+    snap = Snapshot(8, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
+    states = {"b": _state("b", 9, H1), "c": _state("c", 19, HX), "stranger": _state("stranger", 40, H0)}
+    upper = _upper(states, _unreachable, frozenset({"b"}))
+    for _ in range(RETRIES):
+        with pytest.raises(StateDownloadFailed):
+            upper.catch_up(snap, lambda: False)
+    # the next commit takes 8 + 1 + skip: past 40, the last revision anyone reports, by the margin
+    assert upper.skip(snap) == 40 - 8 + SKIP_MARGIN
+    # a claim of a far revision only makes the skip bigger, never unbounded (the join record's limit)
+    states["liar"] = _state("liar", 2**61, H0)
+    assert upper.skip(snap) == MAX_SKIP
 
 
 def test_trusted_peers_ahead_outvote_one_at_our_state_though_each_names_another_revision() -> None:
