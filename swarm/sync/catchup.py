@@ -132,16 +132,19 @@ class CatchUpper:
             del self._failed[oldest]
 
     def skip(self, snap: Snapshot) -> int:
-        """Revisions this peer's next commit from ``snap`` must skip: past the states others committed after it
-        that nobody could serve (a dead branch), so a revision number still names one state (see SKIP_MARGIN)."""
-        if not any(r > snap.revision for r, _ in self._unserved):
-            return 0
-        # past every later revision anyone reports too (the dead branch may have gone on before it died),
-        # and a margin for its commits whose records never spread: a skip onto a number the branch took
-        # is the fork it is there to prevent
+        """Revisions this peer's next commit from ``snap`` must skip so that a revision number names one state.
+
+        Past every later revision any peer reports, trusted or not: a state this peer did not move to (a
+        dead branch nobody serves, a history it does not trust, a claim it refused) keeps its number, and
+        extending ``snap`` under it would be a second state of that number (chaos run: a restarted node
+        refused two strangers' revision 332, both of them dead, and its group committed another 332).
+        Plus a margin for a branch's last commits whose records never spread (see SKIP_MARGIN). A claim
+        more than MAX_SKIP ahead cannot be passed (the join record's bound) and is left out: keys minted
+        to claim far revisions move no number, and a near claim moves it at most MAX_SKIP per commit.
+        """
         seen = [r.revision for r in self._records.states.values()] + [r for r, _ in self._unserved]
-        beyond = [r - snap.revision for r in seen if r > snap.revision]
-        return min(max(beyond, default=0) + SKIP_MARGIN, MAX_SKIP)
+        beyond = [r - snap.revision for r in seen if 0 < r - snap.revision <= MAX_SKIP]
+        return min(max(beyond) + SKIP_MARGIN, MAX_SKIP) if beyond else 0
 
     def trusted(self) -> frozenset[str]:
         """Peers whose state records may move this one (see :func:`decide_catch_up`)."""

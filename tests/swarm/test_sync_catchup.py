@@ -325,19 +325,34 @@ def test_a_group_skips_past_a_dead_branch_so_a_revision_names_one_state() -> Non
     """Others committed revision 4 from this state and nobody can serve it: this peer's next commit is 5."""
     own = torch.ones(10)
     snap = Snapshot(3, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
-    upper = _upper({"b": _state("b", 4, H1)}, _unreachable, frozenset({"b"}))
-    assert upper.skip(snap) == 0
+    states = {"b": _state("b", 4, H1)}
+    upper = _upper(states, _unreachable, frozenset({"b"}))
     for _ in range(RETRIES):
         with pytest.raises(StateDownloadFailed):
             upper.catch_up(snap, lambda: False)
     assert upper.skip(snap) == 1 + SKIP_MARGIN  # past 4, and past commits of the branch never reported
     assert upper.skip(Snapshot(4, snap.state_hash, own, torch.zeros(10))) == 0  # history moved past it
-    # a target refused as implausible is no evidence of a commit: no skip for it
-    far = Snapshot(4, state_hash(100 * own, torch.zeros(10)), 100 * own, torch.zeros(10))
-    liar = _upper({"b": _state("b", 4, far.state_hash)}, lambda *_: far, frozenset({"b"}))
+    # the branch's record expired: what was passed over as unserved still counts
+    del states["b"]
+    assert upper.skip(snap) == 1 + SKIP_MARGIN
+    assert _upper({}, _unreachable, frozenset({"b"})).skip(snap) == 0  # nobody reports anything later
+
+
+def test_a_commit_skips_past_states_this_peer_did_not_move_to_trusted_or_not() -> None:
+    """Chaos run (30 minutes, seed 1): two strangers committed revision 332 and were killed; a node restarted
+    at 331 refused their claims (no trusted peer made them) and its group committed a second 332."""
+    own = torch.ones(10)
+    snap = Snapshot(331, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
+    strangers = {p: _state(p, 332, H1) for p in ("dyrvvk", "93ssXj")}
+    upper = _upper({**strangers, "mate": _state("mate", 331, snap.state_hash)}, _unreachable, frozenset({"mate"}))
+    assert upper.catch_up(snap, lambda: False) is None  # not moved: no trusted peer claims 332
+    assert upper.skip(snap) == 1 + SKIP_MARGIN
+    # a claim refused as implausible keeps its number too
+    far = Snapshot(332, state_hash(100 * own, torch.zeros(10)), 100 * own, torch.zeros(10))
+    liar = _upper({"b": _state("b", 332, far.state_hash)}, lambda *_: far, frozenset({"b"}))
     with pytest.raises(StateDownloadFailed):
         liar.catch_up(snap, lambda: False)
-    assert liar.skip(snap) == 0
+    assert liar.skip(snap) == 1 + SKIP_MARGIN
 
 
 def test_a_skip_passes_a_dead_branch_however_far_it_went() -> None:
@@ -352,9 +367,13 @@ def test_a_skip_passes_a_dead_branch_however_far_it_went() -> None:
             upper.catch_up(snap, lambda: False)
     # the next commit takes 8 + 1 + skip: past 40, the last revision anyone reports, by the margin
     assert upper.skip(snap) == 40 - 8 + SKIP_MARGIN
-    # a claim of a far revision only makes the skip bigger, never unbounded (the join record's limit)
-    states["liar"] = _state("liar", 2**61, H0)
+    # a claim within reach only makes the skip bigger, never past the join record's limit ...
+    states["near"] = _state("near", 8 + MAX_SKIP, H0)
     assert upper.skip(snap) == MAX_SKIP
+    # ... and one beyond it (keys minted to claim far revisions) moves no number
+    del states["near"]
+    states["liar"] = _state("liar", 2**61, H0)
+    assert upper.skip(snap) == 40 - 8 + SKIP_MARGIN
 
 
 def test_trusted_peers_ahead_outvote_one_at_our_state_though_each_names_another_revision() -> None:
