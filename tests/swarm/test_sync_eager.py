@@ -77,6 +77,35 @@ def _epochs_with_everyone(peers: list[Peer], joined: int, halted: float) -> tupl
     return full, last - joined
 
 
+def _missed_epochs(peers: list[Peer], joined: int, halted: float) -> list[str]:
+    """One line per epoch after ``joined`` that did not commit with everyone: each peer's syncs started in it.
+
+    A sync is shown as (offset of its start into the epoch s, committed, group size, cause, duration s); a
+    peer with none skipped the epoch (its last sync still ran: ``skipped_busy``).
+    """
+    last = int(halted // PERIOD) - 1
+    lines = []
+    for epoch in range(joined + 1, last + 1):
+        mine = {p.name: [r for r in p.syncs() if _epoch(r) == epoch] for p in peers}
+        if all(any(r["committed"] and r["group_size"] == len(peers) for r in rs) for rs in mine.values()):
+            continue
+        shown = {
+            name: [
+                (
+                    round(r["started_time"] - epoch * PERIOD, 2),
+                    r["committed"],
+                    r["group_size"],
+                    r["cause"],
+                    round(r["sync_s"], 2),
+                )
+                for r in rs
+            ]
+            for name, rs in mine.items()
+        }
+        lines.append(f"epoch {epoch - joined}: {shown}")
+    return lines
+
+
 def _vec(r: Record, key: str) -> torch.Tensor:
     return torch.tensor(r[key], dtype=torch.float64)
 
@@ -169,6 +198,7 @@ def test_uneven_peers_on_a_shared_clock_commit_together_and_lose_no_work(fault_s
     print(f"epochs after c joined: {full}/{epochs} committed with all 3; c's first sync: {first}")
     print(f"average vs members' mean: max {max(deviations):.2e}; progress lost {lost}")
     print("skipped busy", [final_state(p, 1.0)["skipped_busy"] for p in peers])
+    print("epochs without everyone:", *_missed_epochs(peers, joined, halted), sep="\n  ")
     assert c.syncs()[0]["caught_up"], first  # c started behind: it downloaded the group's anchor
     # ... and its progress went into committed averages (that round's, or the next one's if that round
     # aborted): nonzero parts, and none of its progress lost (checked below)
