@@ -7,7 +7,8 @@ lines to ``--report``: ``ready`` (with its multiaddrs), every sync report,
 (``--fault PHASE:REVISION:ACTION``, PHASE one of matchmade, send, sent,
 reduced, allreduced, voted): ``stop`` makes the process SIGSTOP itself at that
 phase (the test then SIGKILLs or SIGSTOPs/SIGCONTs its whole process group),
-``drop`` makes it silently not send its all-reduce parts that round.
+``drop`` makes it silently not send its all-reduce parts that round, ``leave`` asks its sync to leave
+(``OuterSync.cancel``, what a node does when a signal asks it to leave).
 
 ``--eager`` drives the sync through :class:`swarm.sync.runner.SyncRunner`
 (the sync runs on a thread while the loop keeps stepping); ``--period S``
@@ -71,11 +72,15 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _hook(faults: list[str], out: Reporter) -> Any:
+def _hook(faults: list[str], out: Reporter, leave: list[Any]) -> Any:
     pending = {tuple(f.split(":")[:2]): f.split(":")[2] for f in faults}
 
     def hook(phase: str, revision: int) -> str | None:
         action = pending.get((phase, str(revision)))
+        if action == "leave":  # the leave request arrives mid-round (as the node's signal watcher sends it)
+            del pending[(phase, str(revision))]
+            out.write(event="phase", phase=phase, revision=revision, pid=os.getpid(), time=time.time())
+            leave[0].cancel()
         if action == "stop":
             del pending[(phase, str(revision))]
             out.write(event="phase", phase=phase, revision=revision, pid=os.getpid(), time=time.time())
@@ -314,7 +319,9 @@ def main(argv: list[str]) -> int:
         swarm_id=args.swarm, host="127.0.0.1", port=args.port, initial_peers=tuple(args.initial_peer)
     )
     membership = _start_membership(Membership, load_or_create(args.identity), mcfg)
-    sync = OuterSync(membership, model, cfg, hook=_hook(args.fault, out))
+    leave: list[Any] = []
+    sync = OuterSync(membership, model, cfg, hook=_hook(args.fault, out, leave))
+    leave.append(sync)
     if args.poison == "liar":
         _be_hostile()
     if args.claim_steps:

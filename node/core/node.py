@@ -124,6 +124,8 @@ class Node:
         self.links = self._links_factory(identity, self.parts, model, self.clock)
         logger.info("start-up: joined the swarm")
         self.exchange, self.sync = self.links.exchange, self.links.sync
+        if self.sync is not None:
+            threading.Thread(target=self._withdraw_sync_on_stop, name="swarm-node-leave", daemon=True).start()
         if self.exchange is not None:
             self.network = NetworkWorker(self.exchange, inline=not self.cfg.overlap_network)
         resumed = self._resume() if self.parts.checkpoint.resume else None
@@ -174,6 +176,17 @@ class Node:
         return path
 
     # ---- leaving ---------------------------------------------------------------------------
+
+    def _withdraw_sync_on_stop(self) -> None:
+        """Tell the outer sync at once when leaving is asked for, not at the next round boundary.
+
+        Ctrl-C and most service managers signal the whole process group: p2pd stops at once, and a
+        sync that went on to vote could commit on stale local reads while its partners abort.
+        """
+        self.stop_event.wait()
+        sync = self.sync
+        if sync is not None:
+            sync.cancel()
 
     def shutdown(self) -> None:
         """Withdraw from sync, write the final checkpoint and summary, leave the swarm; safe to call twice."""

@@ -74,7 +74,7 @@ from swarm.sync.allreduce import Hook, RoundPlan, Snapshot, SyncService
 from swarm.sync.assemble import Assembled, assemble, next_state
 from swarm.sync.catchup import CatchUpper
 from swarm.sync.config import AbortCause, OuterSyncConfig, SyncAborted, SyncOutcome, SyncReport
-from swarm.sync.decide import CatchUpRefusal, GroupDecision, peers_named_in
+from swarm.sync.decide import CatchUpRefusal, CommitDecision, GroupDecision, peers_named_in
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.job import RoundOutcome, SyncJob, weights_after
@@ -367,13 +367,26 @@ class OuterSync:
         if refusal is None and self._superseded(snap, deadline):
             self._records.vote(plan, ABORT_DIGEST)
             return self._suspect_report(t0, plan, AbortCause.SUPERSEDED, got, caught_up)
-        self._records.vote(plan, ABORT_DIGEST if refusal is not None else got.digest)
+        if self._leaving.is_set():
+            # A node asked to leave may already have lost its network: Ctrl-C and most service managers
+            # signal the whole process group, p2pd included. Its partners then see no vote and no ping
+            # answer and abort, while its own reads (now local, stale) could show every digest: it would
+            # commit alone (chaos run: both forks of a 30-minute run). So leaving ends the round here.
+            self._records.vote(plan, ABORT_DIGEST)
+            self._log(logging.WARNING, "leaving before the vote: voted abort")
+            return self._suspect_report(t0, plan, AbortCause.SHUTTING_DOWN, got, caught_up)
+        delivered = self._records.vote(plan, ABORT_DIGEST if refusal is not None else got.digest)
         if self._hook is not None:
             self._hook("voted", snap.revision)
         if refusal is not None:
             self._log(logging.WARNING, "refused the average (%s); voted abort", refusal.value)
             return self._suspect_report(t0, plan, AbortCause.REFUSED, got, caught_up)
         verdict = self._records.await_commit(plan, deadline, self._prober)
+        if verdict.commit and not delivered and self._leaving.is_set():
+            # its vote never reached the network and it is leaving (see above): the partners cannot
+            # have counted it, so they abort; committing on its own reads would apply the round alone
+            self._records.vote(plan, ABORT_DIGEST)
+            verdict = CommitDecision(False, AbortCause.SHUTTING_DOWN.value)
         if not verdict.commit:
             self._log(logging.WARNING, "not committed: %s; keeping local weights", verdict.reason)
             return self._suspect_report(t0, plan, AbortCause(verdict.reason), got, caught_up)

@@ -89,6 +89,15 @@ class SyncRunner:
         self._start(inner_step)
         return report
 
+    def cancel(self) -> None:
+        """Leaving was asked for: a sync not yet in a group ends, one that has not voted votes abort.
+
+        Called when the leave is requested, not when training next reaches a boundary: the signal that
+        asked may have stopped this process's p2pd too (see OuterSync's vote), and no sync started after
+        it (the node starts none while leaving). Thread-safe.
+        """
+        self.sync.cancel()
+
     def finish(self, timeout_s: float) -> SyncReport | None:
         """Leaving: end a sync not yet in a group, wait at most ``timeout_s`` for one that is, and apply it.
 

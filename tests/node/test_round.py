@@ -102,10 +102,14 @@ class FakeSync:
         self.calls: list[int] = []
         self.closed = 0
         self.busy = False
+        self.cancelled = False
 
     def maybe_sync(self, inner_step: int) -> SyncReport | None:
         self.calls.append(inner_step)
         return None
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
     def finish(self, timeout_s: float) -> SyncReport | None:
         return None
@@ -749,3 +753,16 @@ def test_shutdown_of_a_node_never_started_does_not_raise(make_node: NodeMaker) -
     node = make_node(h, start=False)
     node.shutdown()
     assert h.built_for == [] and h.exchange.closed == 0 and h.left == 0
+
+
+def test_a_leave_request_reaches_the_outer_sync_at_once(make_node: NodeMaker) -> None:
+    """The sync hears of the leave when it is asked for, not at the next round boundary: the signal that
+    asked stops this process's p2pd too, and a sync that went on to vote could commit alone."""
+    h = Harness(sync=FakeSync())
+    node = make_node(h)
+    assert h.sync is not None and not h.sync.cancelled
+    node.stop_event.set()  # what the signal watcher does; no round runs after it here
+    deadline = time.monotonic() + 5.0
+    while not h.sync.cancelled and time.monotonic() < deadline:
+        node.stop_event.wait(0.01)
+    assert h.sync.cancelled

@@ -211,6 +211,29 @@ def test_random_group_ids_are_refused_at_once(fault_swarm: FaultSwarm) -> None:
     _assert_commits([a, b], at_least=8)
 
 
+def test_a_member_asked_to_leave_before_voting_ends_the_round_for_everyone(fault_swarm: FaultSwarm) -> None:
+    """c is asked to leave right after its second all-reduce: it votes abort, and nobody applies that round.
+
+    A node asked to leave by a signal to its process group has lost its p2pd: had it voted and read its
+    (now local, stale) votes, it could commit while its partners, seeing no vote and no ping answer,
+    abort: both forks of a 30-minute chaos run. Defence off (c votes its digest): all three commit it.
+    """
+    timeouts = ("--timeouts", "1.5,15,2,4,6")
+    specs = {n: ("--steps", "12", *timeouts) for n in "ab"}
+    a, b, c = fault_swarm.start_many({**specs, "c": ("--steps", "12", *timeouts, "--fault", "allreduced:1:leave")})
+    fault_swarm.go()
+    for p in (a, b, c):
+        final_state(p, 60.0)
+        assert p.proc.alive(), f"{p.name} exited"
+    second = [next(r for r in p.syncs() if r["step"] == 8) for p in (a, b, c)]
+    print("round c left in:", [(r["committed"], r["group_size"], r["cause"], round(r["sync_s"], 2)) for r in second])
+    assert all(r["group_size"] == 3 and not r["committed"] for r in second), second
+    assert second[2]["cause"] == "shutting down", second[2]
+    later = [[r for r in p.syncs() if r["step"] > 8] for p in (a, b)]
+    assert all(r["committed"] and r["group_size"] == 2 for rs in later for r in rs), later
+    assert all(len(h) == 1 for h in hashes_by_revision([a, b, c]).values())
+
+
 def test_member_killed_before_voting(fault_swarm: FaultSwarm) -> None:
     """c dies right after its second all-reduce, before voting: a and b end that round within seconds."""
     timeouts = ("--timeouts", "1.5,15,2,4,6")  # vote deadline: w + 1.5 + 15 + 2
