@@ -103,6 +103,8 @@ class ChaosReport:
     """Revisions committed with two or more state hashes (by different groups)."""
     branches: dict[str, list[str]] = field(default_factory=dict)
     """Parent states extended by two or more commits (forks, and dead branches skipped past)."""
+    split: dict[str, list[str]] = field(default_factory=dict)
+    """Groups applied by some members and aborted by others (see :func:`split_groups`)."""
     longest_round_gap_s: float = 0.0
     longest_commit_gap_s: float = 0.0
     unexpected_exits: list[dict[str, Any]] = field(default_factory=list)
@@ -140,6 +142,24 @@ def group_hashes(syncs: Iterable[Event]) -> dict[str, set[str]]:
         if e.get("committed"):
             by_group[str(e.get("group_id") or "")].add(str(e["state_hash"]))
     return dict(by_group)
+
+
+def split_groups(syncs: Iterable[Event]) -> dict[str, list[str]]:
+    """Groups some members applied and others aborted: group id -> each reporting member's outcome.
+
+    The vote cannot rule this out when a member gives up on a silent one (``member lost before
+    voting``) after another read every digest; it is counted, and a fork it leads to fails the run.
+    """
+    outcomes: dict[str, dict[str, str]] = defaultdict(dict)
+    for e in syncs:
+        if e.get("group_id"):
+            outcome = "committed" if e.get("committed") else str(e.get("cause") or "aborted")
+            outcomes[str(e["group_id"])][str(e.get("peer", ""))[-6:]] = outcome
+    return {
+        gid: sorted(f"{peer}: {o}" for peer, o in members.items())
+        for gid, members in sorted(outcomes.items())
+        if "committed" in members.values() and set(members.values()) != {"committed"}
+    }
 
 
 def revision_hashes(syncs: Iterable[Event]) -> dict[int, set[str]]:
@@ -197,6 +217,7 @@ def judge(
     # a state extended twice: a fork, or a dead branch (every holder of the first child gone, the
     # survivors committed past it under a later revision number); counted, the revisions judge above
     report.branches = {p[:8]: sorted(h)[:4] for p, h in child_hashes(syncs).items() if len(h) > 1}
+    report.split = {gid[:8]: members for gid, members in split_groups(syncs).items()}
 
 
 def choose_action(rng: random.Random, running: int, alive: int, dead: int, limit: int) -> Action | None:

@@ -26,6 +26,7 @@ from bench.chaos import (
     judge,
     longest_gap,
     run_chaos,
+    split_groups,
 )
 
 CHAOS_S = 180.0  # with start-up and the final SIGTERMs the test stays under 4 minutes
@@ -38,6 +39,7 @@ def test_chaos_run_keeps_training_and_syncing(tmp_path: Path) -> None:
     report = run_chaos(ChaosConfig(out=tmp_path / "chaos", duration_s=CHAOS_S, nodes=4, seed=16, forks_fail=False))
     print(report.to_json())
     print(f"forks: {len(report.forks)} of {len(report.revisions)} revisions; states extended twice: {report.branches}")
+    print(f"groups applied by some members only: {report.split}")
     assert report.ok, "\n".join(report.failures)
     assert sum(report.actions.values()) >= CHAOS_S / 6, report.actions  # the chaos did happen (one per 1-3 s)
 
@@ -95,3 +97,14 @@ def test_choose_action_keeps_the_swarm_alive() -> None:
             assert a is not Action.STOP or running >= 2
             assert a not in (Action.RESTART, Action.ADD) or (running >= 1 and alive <= 4)
     assert choose_action(rng, 0, 3, 1, limit=4) is None  # nobody to join through, nobody to spare
+
+
+def test_split_groups_finds_a_round_applied_by_some_members_only() -> None:
+    events = [
+        {**_sync(1.0, 4, "aa", group="g1"), "peer": "p-aaaaaa"},
+        {**_sync(1.1, 3, "00", False, group="g1"), "peer": "p-bbbbbb", "cause": "member lost before voting"},
+        {**_sync(2.0, 5, "bb", group="g2"), "peer": "p-aaaaaa"},
+        {**_sync(2.0, 5, "bb", group="g2"), "peer": "p-bbbbbb"},
+        {**_sync(3.0, 5, "bb", False, group="g3"), "peer": "p-aaaaaa", "cause": "commit timeout"},
+    ]
+    assert split_groups(events) == {"g1": ["aaaaaa: committed", "bbbbbb: member lost before voting"]}
