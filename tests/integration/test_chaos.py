@@ -3,10 +3,10 @@
 The run itself is bench/chaos.py; here a 3-minute run must pass, and the pure
 judges it relies on must flag what they are there to flag. The run here fails
 on a half-applied round (one group, two hashes) but only counts forks (two
-groups extending one state) and prints them: under this churn they are rarer
-than before but not gone (bench/RESULTS.md, 10-minute runs: 0-2 per run), so
-failing on them would make the suite fail at random; the bench's own verdict
-still does (issue 16's criterion).
+groups extending one state under one number) and prints them, with the groups
+some members applied and others aborted: 30-minute runs still show 0-2 forks
+each (bench/RESULTS.md), so failing on them would make the suite fail at
+random; the bench's own verdict still does (issue 16's criterion).
 """
 
 from __future__ import annotations
