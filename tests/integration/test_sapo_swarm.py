@@ -45,7 +45,13 @@ def test_three_nodes_share_then_survive_a_crash(swarm: Swarm) -> None:
     assert c.proc.wait(5) == -signal.SIGKILL
 
     swarm.stop_all()
+    changed = {}
     for n in (a, b):
         summary = n.events("summary")
         assert summary, f"{n.name} did not leave cleanly:\n{n.log()}"
-        assert summary[-1]["param_digest_start"] != summary[-1]["param_digest_end"], "weights must change"
+        trained = sum(r["trained_groups"] for r in n.rounds())
+        changed[n.name] = summary[-1]["param_digest_start"] != summary[-1]["param_digest_end"]
+        # a tiny random model can go every round without a group whose rewards differ (seen: 0 of 42 in
+        # 17 rounds): nothing to learn from, and its weights rightly stay; one that trained must move
+        assert changed[n.name] == (trained > 0), (n.name, trained, changed[n.name])
+    assert any(changed.values()), "no survivor trained on anything"
