@@ -67,21 +67,24 @@ def window_sealed(records: Mapping[str, JoinRecord], window: float) -> bool:
     return bool(named) and all(r.closed for r in named)
 
 
-def expected_members(last_round: Collection[str], me: str) -> frozenset[str]:
-    """Whom this peer expects in its window: every peer that joined (any window of) its key last round.
+def expected_members(last_round: Collection[str], me: str, nearby: Collection[str] = ()) -> frozenset[str]:
+    """Whom this peer expects in its window: last round's joiners of its key, and ``nearby`` peers.
 
-    They wanted to sync with this history: the last group's members moved on
-    with this peer, and those left out (a slower peer that arrived after the
-    window was sealed) catch up and come back; expecting them keeps the next
-    window open for them, or a slow peer would be sealed out every round. One
-    that is expected and never joins (gone, or a key that joined once) only
+    ``nearby``: peers whose state record names this peer's state or the one it
+    left last (:meth:`SyncRecords.matchmake`). They want to sync with this
+    history: the last group's members moved on with this peer, and a peer left
+    out (a slower one that arrived after the window was sealed: it was never in
+    the sealed view, so not among last round's joiners) or one that just caught
+    up catches up to this state and comes next. Expecting them keeps the window
+    open for them, or a slow peer would be sealed out every round. One that is
+    expected and never joins (gone, or a key that only published a record) only
     keeps the window running to its normal end. Empty (no early close) on a
-    first round.
+    first round with no one nearby.
 
-    >>> sorted(expected_members(["me", "a", "slow"], "me"))
+    >>> sorted(expected_members(["me", "a"], "me", ["me", "slow"]))
     ['a', 'slow']
     """
-    return frozenset(p for p in last_round if p != me)
+    return frozenset(p for p in (*last_round, *nearby) if p != me)
 
 
 def should_close(join_records: Mapping[str, JoinRecord], me: str, expected: Collection[str]) -> bool:

@@ -78,9 +78,12 @@ class SyncRecords:
         self.skip = 0
         """What this peer's join records ask its next commit to skip (set per round by OuterSync)."""
         self.last_round: frozenset[str] = frozenset()
-        """The peers that joined this peer's key last round (whom it expects next round: :func:`expected_members`)."""
+        """The peers that joined this peer's key last round (expected next round: :func:`expected_members`)."""
         self.states: dict[str, StateRecord] = {}
         """The state records of the last :meth:`read_states` (the catch-up check reads them every round)."""
+        self._here: tuple[int, str] = (-1, "")
+        self._before: tuple[int, str] = (-1, "")
+        """The state of the last matchmaking, and the one before it (see :meth:`_nearby`)."""
 
     def _log(self, level: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s rev=%d] " + msg, self.me[-6:], self.revision, *args)
@@ -214,7 +217,7 @@ class SyncRecords:
         """
         self.revision = revision
         m_s = self.cfg.matchmaking_timeout_s
-        expected = expected_members(self.last_round, self.me)
+        expected = expected_members(self.last_round, self.me, self._nearby(revision, state_hash))
         key = join_key(self.swarm_id, self.fingerprint, revision, state_hash, self.cfg.compression)
         seen = self._read_joins(key, revision, state_hash)
         window = earliest_open_window(seen, self._clock(), m_s)
@@ -239,6 +242,18 @@ class SyncRecords:
                 return decision if prober is None else self._live_group(seen, start, mine.window_start, prober)
             wait = min(self.cfg.poll_s, mine.window_start + m_s - self._clock())
             self._sleep(max(0.0, wait))
+
+    def _nearby(self, revision: int, state_hash: str) -> list[str]:
+        """Peers whose last state record read names this state or the one this peer matchmade at before it.
+
+        The records are the catch-up check's read of this round (:attr:`states`),
+        so this costs no DHT read. At most ``MAX_EXPECTED``, lowest ids first.
+        """
+        here = (revision, state_hash)
+        if here != self._here:
+            self._before, self._here = self._here, here
+        near = {self._here, self._before}
+        return sorted(p for p, r in self.states.items() if (r.revision, r.state_hash) in near)[:MAX_EXPECTED]
 
     def _live_group(self, seen: dict[str, JoinRecord], now: float, window: float, prober: Prober) -> GroupDecision:
         """The group of the joiners of ``window`` that answered their ping (waits at most the ping timeout)."""

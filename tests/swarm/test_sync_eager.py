@@ -51,13 +51,13 @@ def test_eager_sync_trains_on_while_the_group_commits(fault_swarm: FaultSwarm) -
 
 
 PERIOD = 2.0
+"""Seconds per wall-time epoch: above one sync here (~1.2 s: a 1 s gather window, all-reduce, vote)."""
 STAGGER_EPOCHS = 5
 """Epochs the peers already running train through before the next one joins (5 x 2 s: the issue's 10 s)."""
 SYNCS_OF_C = 22
 """The slow peer's syncs before training halts: ~20 epochs after its join are counted (~70 s in all)."""
-MIN_FULL_SHARE = 0.6
-"""Share of epochs after the slow peer joins that commit with all 3: a regression floor (issue 16 asks for 0.9)."""
-"""Seconds per wall-time epoch: above one sync here (~1.2 s: a 1 s gather window, all-reduce, vote)."""
+MIN_FULL_SHARE = 0.9
+"""Share of epochs after the slow peer joins that commit with all 3 (issue 16)."""
 
 
 def _epoch(r: Record) -> int:
@@ -203,9 +203,10 @@ def test_uneven_peers_on_a_shared_clock_commit_together_and_lose_no_work(fault_s
     # ... and its progress went into committed averages (that round's, or the next one's if that round
     # aborted): nonzero parts, and none of its progress lost (checked below)
     assert any(r["committed"] and _vec(r, "pseudo").norm() > 0 for r in c.syncs()), first
-    # Issue 16 asks for >= 90% of epochs with every member. Alone this test measures 10/10 and 20/20, but
-    # within the full suite 8/10 and 15/20 (2 of 3 fresh-clone runs): not met under load, and issue 16 stays
-    # open for it. The floor catches a slow peer left out of most epochs (a regression), not the target.
+    # Issue 16: >= 90% of epochs with every member. Before peers at this state or the one just left were
+    # expected (SyncRecords._nearby): 8/10 and 15/20 within the full suite (causes not recorded), 19/20 alone
+    # and beside a CPU burner (c sealed out of its first epoch after its catch-up, or a group-view mismatch
+    # there); since: 20/20 in two runs alone and two beside a burner.
     assert epochs >= SYNCS_OF_C - 4 and full >= MIN_FULL_SHARE * epochs, (full, epochs)
     assert len(deviations) >= 8 and max(deviations) < 1e-4, deviations
     assert max(lost.values()) < 1e-4, lost

@@ -415,10 +415,11 @@ def _members_of(records: dict[str, JoinRecord], now: float, me: str) -> tuple[st
     return decision.members
 
 
-def test_expected_members_are_last_rounds_joiners() -> None:
-    # the slow peer sealed out of last round's window is expected: it is not sealed out again
+def test_expected_members_are_last_rounds_joiners_and_peers_nearby() -> None:
     assert expected_members(["me", "a", "slow"], "me") == {"a", "slow"}
-    assert expected_members([], "me") == frozenset()  # first round: no early close
+    # the slow peer sealed out of last round's window is not in its sealed view: its state record is
+    assert expected_members(["me", "a"], "me", ["slow", "me"]) == {"a", "slow"}
+    assert expected_members([], "me") == frozenset()  # first round, no one nearby: no early close
 
 
 def test_close_only_once_every_expected_peer_joined_my_window() -> None:
