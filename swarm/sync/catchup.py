@@ -59,6 +59,9 @@ SKIP_MARGIN = 64
 have reached it (a node commits and is killed before its state record spreads; chaos run: a revision
 committed 36 s earlier was not in the records, and a skip to the last one seen landed on it)."""
 
+MAX_UNDECIDED = 64
+"""Revisions remembered that this peer voted for and aborted (bounded memory: see CatchUpper.undecided)."""
+
 MAX_IGNORED = 256
 """Targets remembered as failed or refused (bounded memory; the oldest are forgotten first)."""
 
@@ -99,11 +102,23 @@ class CatchUpper:
         self.refusals: dict[CatchUpRefusal, int] = {}
         self._reported: set[tuple[str, CatchUpRefusal]] = set()
         self._steps: deque[float] = deque(maxlen=RECENT_STEPS)
+        self._undecided: deque[int] = deque(maxlen=MAX_UNDECIDED)
 
     def note_step(self, shift_norm: float) -> None:
         """This peer committed an outer step that moved its anchor by ``shift_norm``."""
         if math.isfinite(shift_norm):
             self._steps.append(shift_norm)
+
+    def undecided(self, revision: int) -> None:
+        """This peer voted for a state of ``revision`` and then aborted: another member may have committed it.
+
+        A member aborts after its digest vote when a partner stops answering or
+        votes abort itself, and a third may have read every digest just before
+        (chaos runs: a split group). If that member's state record never
+        spreads, this peer would extend the same parent under the same number:
+        a second state of ``revision``. :meth:`skip` counts it as reported.
+        """
+        self._undecided.append(revision)
 
     def state_dict(self) -> dict[str, Any]:
         """Partners (most recent last) and recent steps: what a restart must keep to stay on the group's history."""
@@ -138,11 +153,13 @@ class CatchUpper:
         dead branch nobody serves, a history it does not trust, a claim it refused) keeps its number, and
         extending ``snap`` under it would be a second state of that number (chaos run: a restarted node
         refused two strangers' revision 332, both of them dead, and its group committed another 332).
-        Plus a margin for a branch's last commits whose records never spread (see SKIP_MARGIN). A claim
+        A revision this peer voted for and aborted counts as reported (:meth:`undecided`). Plus a margin
+        for a branch's last commits whose records never spread (see SKIP_MARGIN). A claim
         more than MAX_SKIP ahead cannot be passed (the join record's bound) and is left out: keys minted
         to claim far revisions move no number, and a near claim moves it at most MAX_SKIP per commit.
         """
         seen = [r.revision for r in self._records.states.values()] + [r for r, _ in self._unserved]
+        seen += self._undecided  # revisions this peer voted for and aborted (see undecided)
         beyond = [r - snap.revision for r in seen if 0 < r - snap.revision <= MAX_SKIP]
         return min(max(beyond) + SKIP_MARGIN, MAX_SKIP) if beyond else 0
 

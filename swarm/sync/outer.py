@@ -389,6 +389,7 @@ class OuterSync:
             verdict = CommitDecision(False, AbortCause.SHUTTING_DOWN.value)
         if not verdict.commit:
             self._log(logging.WARNING, "not committed: %s; keeping local weights", verdict.reason)
+            self._catchup.undecided(new.revision)  # voted for it: another member may have committed it
             return self._suspect_report(t0, plan, AbortCause(verdict.reason), got, caught_up)
         self._install(new)
         self._log(logging.INFO, "committed group %s: state %s", plan.group_id[:8], self._snap.state_hash[:8])

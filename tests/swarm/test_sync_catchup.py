@@ -355,6 +355,19 @@ def test_a_commit_skips_past_states_this_peer_did_not_move_to_trusted_or_not() -
     assert liar.skip(snap) == 1 + SKIP_MARGIN
 
 
+def test_a_revision_this_peer_voted_for_and_aborted_is_skipped_by_its_next_commit() -> None:
+    """Chaos runs: a member that read every digest committed 9 while its partner declared it lost and aborted;
+    if the committed state's record never spreads, the partner's next group must not name another 9."""
+    own = torch.ones(10)
+    snap = Snapshot(8, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
+    upper = _upper({"b": _state("b", 8, snap.state_hash)}, _unreachable, frozenset({"b"}))
+    assert upper.skip(snap) == 0  # nothing reported past 8
+    upper.undecided(9)
+    assert upper.skip(snap) == 1 + SKIP_MARGIN  # defence off: 0
+    nine = Snapshot(9, state_hash(own, torch.ones(10)), own, torch.ones(10))
+    assert upper.skip(nine) == 0  # caught up to the committed 9 (or committed past it): nothing to skip
+
+
 def test_a_skip_passes_a_dead_branch_however_far_it_went() -> None:
     """Chaos run (seed 1): every holder of revisions 9-19 died; the survivors at 8 skipped the cap of 8 and
     committed a second revision 17. The skip now passes the last revision anyone reports, plus a margin."""
