@@ -1,12 +1,13 @@
 """Chaos (issue 16): real nodes killed, frozen, stopped and spawned at random must keep training and syncing.
 
-The run itself is bench/chaos.py; here a 3-minute run must pass, and the pure
-judges it relies on must flag what they are there to flag. The run here fails
-on a half-applied round (one group, two hashes) but only counts forks (two
-groups extending one state under one number) and prints them, with the groups
-some members applied and others aborted: 30-minute runs still show 0-2 forks
-each (bench/RESULTS.md), so failing on them would make the suite fail at
-random; the bench's own verdict still does (issue 16's criterion).
+The run itself is bench/chaos.py; here a 3-minute run must pass every criterion
+of the issue, forks included (two groups extending one state under one number),
+and the pure judges it relies on must flag what they are there to flag. Forks
+failed only the bench until stop 29: 30-minute runs showed 0-3 each until the
+causes were fixed in turn; stop 28's last run (seed 1) and stop 29's two
+(seeds 2 and 3, this code) showed none (bench/RESULTS.md). The run also prints the groups some members applied and
+others aborted (split): they no longer fork, since the aborting side skips the
+revision it voted for.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ CHAOS_S = 180.0  # with start-up and the final SIGTERMs the test stays under 4 m
 @pytest.mark.slow
 @pytest.mark.timeout(320)
 def test_chaos_run_keeps_training_and_syncing(tmp_path: Path) -> None:
-    report = run_chaos(ChaosConfig(out=tmp_path / "chaos", duration_s=CHAOS_S, nodes=4, seed=16, forks_fail=False))
+    report = run_chaos(ChaosConfig(out=tmp_path / "chaos", duration_s=CHAOS_S, nodes=4, seed=16))
     print(report.to_json())
     print(f"forks: {len(report.forks)} of {len(report.revisions)} revisions; states extended twice: {report.branches}")
     print(f"groups applied by some members only: {report.split}")
