@@ -70,8 +70,8 @@ def window_sealed(records: Mapping[str, JoinRecord], window: float) -> bool:
 def expected_members(last_round: Collection[str], me: str, nearby: Collection[str] = ()) -> frozenset[str]:
     """Whom this peer expects in its window: last round's joiners of its key, and ``nearby`` peers.
 
-    ``nearby``: peers whose state record names this peer's state or the one it
-    left last (:meth:`SyncRecords.matchmake`). They want to sync with this
+    ``nearby``: peers whose state record moved to this peer's state, or to the
+    one it left last, since its last matchmaking (``SyncRecords._nearby``). They want to sync with this
     history: the last group's members moved on with this peer, and a peer left
     out (a slower one that arrived after the window was sealed: it was never in
     the sealed view, so not among last round's joiners) or one that just caught
