@@ -71,11 +71,11 @@ def expected_members(last_round: Collection[str], me: str, nearby: Collection[st
     """Whom this peer expects in its window: last round's joiners of its key, and ``nearby`` peers.
 
     ``nearby``: peers whose state record moved to this peer's state, or to the
-    one it left last, since its last matchmaking (``SyncRecords._nearby``). They want to sync with this
-    history: the last group's members moved on with this peer, and a peer left
-    out (a slower one that arrived after the window was sealed: it was never in
-    the sealed view, so not among last round's joiners) or one that just caught
-    up catches up to this state and comes next. Expecting them keeps the window
+    one it left last, since its last matchmaking (``SyncRecords._nearby``).
+    They want to sync with this history: the last group's members moved on
+    with this peer, and a peer left out (a slower one that arrived after the
+    window was sealed: it was never in the sealed view, so not among last
+    round's joiners) or one that just caught up comes next. Expecting them keeps the window
     open for them, or a slow peer would be sealed out every round. One that is
     expected and never joins (gone, or a key that only published a record) only
     keeps the window running to its normal end. Empty (no early close) on a
