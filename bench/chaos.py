@@ -85,6 +85,9 @@ class ChaosConfig:
     start_timeout_s: float = 120.0
     node_args: tuple[str, ...] = ("--model", "tiny-s", "--rounds", "0", "--local", "2", "--external", "2")
     node_args_more: tuple[str, ...] = ("--generations", "4", "--max-threads", "1")
+    script: tuple[tuple[float, Action, str], ...] = ()
+    """A fixed schedule instead of the seeded one: (seconds after the first node is ready, action, member
+    name; ``add`` takes any name). Replays a path a seeded run took on another machine's timing."""
 
 
 @dataclass
@@ -392,7 +395,10 @@ class Chaos:
             return
         # a frozen or starting node can crash too; only a running node is frozen; a frozen one cannot leave
         pool = {Action.KILL: live, Action.STOP: running}.get(action, [m for m in live if m.stopped_until is None])
-        target = self.rng.choice(pool)
+        self.hit(self.rng.choice(pool), action, now)
+
+    def hit(self, target: Member, action: Action, now: float) -> None:
+        """Kill, stop (for a seeded few seconds) or terminate ``target``."""
         assert target.proc is not None
         for m in self.members:
             if target.name in m.given:
@@ -407,6 +413,22 @@ class Chaos:
             target.cause, target.termed_at, target.term_phase = Cause.TERMED, now, "mid-run"
             target.proc.term()
         self.log(f"{action.value} {target.name}")
+
+    def act_on(self, now: float, step: tuple[Action, str]) -> None:
+        """One scripted action on the named member (skipped, and logged, when that member cannot take it)."""
+        action, name = step
+        self.actions[action.value] += 1
+        if action is Action.ADD:
+            self.spawn(self.new_member(), resume=False)
+            return
+        target = next((m for m in self.members if m.name == name), None)
+        if action is Action.RESTART and target is not None and not target.alive():
+            self.spawn(target, resume=True)
+            return
+        if target is None or not target.alive() or target.termed_at is not None or target.proc is None:
+            self.log(f"script: {action.value} {name} skipped (not live)")
+            return
+        self.hit(target, action, now)
 
     def run(self) -> None:
         """Start the first nodes, then act every 1-3 s until the duration is up; SIGTERM everyone at the end."""
@@ -427,9 +449,12 @@ class Chaos:
         for _ in range(self.cfg.nodes - 1):
             self.spawn(self.new_member(), resume=False)
         next_at = time.monotonic() + self.rng.uniform(self.cfg.min_gap_s, self.cfg.max_gap_s)
+        script, begun = list(self.cfg.script), time.monotonic()
         while (now := time.monotonic()) < end:
             self.tick(now)
-            if now >= next_at:
+            while script and now - begun >= script[0][0]:
+                self.act_on(now, script.pop(0)[1:])
+            if not self.cfg.script and now >= next_at:
                 self.act(now)
                 next_at = now + self.rng.uniform(self.cfg.min_gap_s, self.cfg.max_gap_s)
             time.sleep(TICK_S)
@@ -493,14 +518,38 @@ def run_chaos(cfg: ChaosConfig) -> ChaosReport:
     return report
 
 
+def parse_script(text: str) -> tuple[tuple[float, Action, str], ...]:
+    """``"14:stop:n0,20:add:-"`` -> ((14.0, STOP, "n0"), (20.0, ADD, "-")), sorted by time.
+
+    >>> parse_script("20:add:-,14:stop:n0")
+    ((14.0, <Action.STOP: 'stop'>, 'n0'), (20.0, <Action.ADD: 'add'>, '-'))
+    """
+    steps = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        parts = item.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"--script: {item!r} is not T:ACTION:NODE (e.g. 14:stop:n0)")
+        try:
+            steps.append((float(parts[0]), Action(parts[1]), parts[2]))
+        except ValueError:
+            raise ValueError(f"--script: {item!r}: T is seconds, ACTION one of {[a.value for a in Action]}") from None
+    return tuple(sorted(steps, key=lambda s: s[0]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--duration-s", type=float, default=180.0)
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("runs") / "chaos")
+    ap.add_argument("--script", default="", help="a fixed schedule: comma-separated T:ACTION:NODE, e.g. 14:stop:n0")
     args = ap.parse_args(argv)
-    report = run_chaos(ChaosConfig(out=args.out, duration_s=args.duration_s, nodes=args.nodes, seed=args.seed))
+    try:
+        script = parse_script(args.script)
+    except ValueError as e:
+        ap.error(str(e))
+    cfg = ChaosConfig(out=args.out, duration_s=args.duration_s, nodes=args.nodes, seed=args.seed, script=script)
+    report = run_chaos(cfg)
     print(report.to_json())
     return 0 if report.ok else 1
 

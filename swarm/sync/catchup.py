@@ -242,9 +242,22 @@ class CatchUpper:
                 raise StateDownloadFailed(f"target state refused: {refusal.value}", retry=False)
             self._log(logging.INFO, "caught up from %s: %s", donor[-6:], got.state_hash[:8])
             return got
+        if self._led(snap, target):
+            # its own weights are only an initialisation: syncing on them would start a second history
+            # beside the swarm it was pointed at (its bootstrap peer frozen or busy): wait for a donor
+            raise StateDownloadFailed("no donor served the bootstrap peers' state yet", retry=True)
         self._fail(target, refused=False)
         retry = (target.revision, target.state_hash) not in self.ignored()
         raise StateDownloadFailed("no donor served the target state", retry=retry)
+
+    def _led(self, snap: Snapshot, target: CatchUp) -> bool:
+        """Whether ``target`` is a state this newcomer's bootstrap peers report: it is never passed over.
+
+        A newcomer that gave up on it after :data:`RETRIES` rounds (its only bootstrap peer frozen
+        during its first catch-up) would sync at its own initial weights with whoever it meets there,
+        and two histories would grow from revision 0 side by side.
+        """
+        return self.newcomer(snap) and bool(set(target.donors) & self.bootstrap)
 
     def orphaned(self, snap: Snapshot) -> bool:
         """Whether every peer this one trusts is gone while a live stranger reports a later state.

@@ -428,3 +428,25 @@ def test_a_node_whose_every_trusted_peer_is_gone_pauses_rather_than_split_the_hi
     assert not orphaned(frozenset({"b"}), {"b", "x"})  # a trusted peer answers: the trust rule decides as usual
     assert not orphaned(frozenset({"b"}), set())  # the stranger's record outlived it: nobody live is ahead
     assert not orphaned(frozenset(), {"x"})  # the first node of a swarm trusts no one yet: no orphan
+
+
+def test_a_newcomer_waits_for_its_bootstrap_peers_state_however_long_no_donor_serves_it() -> None:
+    """A newcomer that gave up would sync at its own initial weights: a second history from revision 0."""
+    own, zeros = torch.ones(10), torch.zeros(10)
+    snap = Snapshot(0, state_hash(own, zeros), own, zeros)
+    served = Snapshot(0, state_hash(2 * own, zeros), 2 * own, zeros)  # the bootstrap peer's initialisation
+    frozen = True
+
+    def fetch(*_: object) -> Snapshot:
+        if frozen:
+            raise ConnectionError("no answer")
+        return served
+
+    upper = _upper({"boot": _state("boot", 0, served.state_hash)}, fetch, frozenset({"boot"}))
+    for _ in range(3 * RETRIES):
+        with pytest.raises(StateDownloadFailed) as err:
+            upper.catch_up(snap, lambda: False)
+        assert err.value.retry
+    assert upper.ignored() == frozenset()
+    frozen = False
+    assert upper.catch_up(snap, lambda: False) is served
