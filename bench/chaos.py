@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run as a script: tests/ is importable from the repository root
 
+from bench.chaos_forks import classify_forks, genesis  # noqa: E402
 from node.observe.metrics import read_events  # noqa: E402
 from protocol import short_id  # noqa: E402
 from swarm.identity import load_or_create  # noqa: E402
@@ -79,9 +80,9 @@ class ChaosConfig:
     commit_gap_s: float = 300.0
     term_bound_s: float = 30.0
     forks_fail: bool = True
-    """Two hashes at one revision from different groups fail the run (issue 16's criterion). Off, they
-    are only counted: the catch-up trust rule lets groups that share no trusted peer extend one state
-    independently (SECURITY.md); one group with two hashes (a half-applied round) always fails."""
+    """A fork fails the run when its groups could reach each other, or when islands that met did not merge
+    within 60 s (:mod:`bench.chaos_forks`); off, forks are only counted and classified. One group with two
+    hashes (a half-applied round) always fails."""
     start_timeout_s: float = 120.0
     node_args: tuple[str, ...] = ("--model", "tiny-s", "--rounds", "0", "--local", "2", "--external", "2")
     node_args_more: tuple[str, ...] = ("--generations", "4", "--max-threads", "1")
@@ -104,6 +105,12 @@ class ChaosReport:
     revisions: dict[int, list[str]] = field(default_factory=dict)
     forks: dict[int, list[str]] = field(default_factory=dict)
     """Revisions committed with two or more state hashes (by different groups)."""
+    fork_kinds: list[dict[str, Any]] = field(default_factory=list)
+    """Each fork classified: connected (a bug), or an island with when it met the other branch and merged."""
+    window: tuple[float, float] = (0.0, 0.0)
+    """Wall-clock start and end of the chaos (``bench/chaos.py --rejudge`` judges a run's files again)."""
+    genesis: list[str] = field(default_factory=list)
+    """The revision-0 states committed histories grew from: one when the swarm started as one."""
     branches: dict[str, list[str]] = field(default_factory=dict)
     """Parent states extended by two or more commits (forks, and dead branches skipped past)."""
     split: dict[str, list[str]] = field(default_factory=dict)
@@ -193,10 +200,20 @@ def exit_expected(status: int, cause: Cause, gave_up_alone: bool) -> bool:
 
 
 def judge(
-    report: ChaosReport, syncs: Sequence[Event], rounds: Sequence[float], window: tuple[float, float], cfg: ChaosConfig
+    report: ChaosReport,
+    syncs: Sequence[Event],
+    rounds: Sequence[float],
+    window: tuple[float, float],
+    cfg: ChaosConfig,
+    round_events: Sequence[Event] = (),
 ) -> None:
-    """Fill the report's verdict from the nodes' events over the chaos ``window`` (wall-clock times)."""
+    """Fill the report's verdict from the nodes' events over the chaos ``window`` (wall-clock times).
+
+    A fork fails the run when its groups could reach each other, or when islands that met did not
+    merge within 60 s; ``round_events`` (with ``external_peers``) tell which (:mod:`bench.chaos_forks`).
+    """
     start, end = window
+    report.window = window
     gap, at = longest_gap(rounds, start, end)
     report.longest_round_gap_s = round(gap, 1)
     if gap > cfg.round_gap_s:
@@ -214,9 +231,13 @@ def judge(
     by_rev = revision_hashes(syncs)
     report.revisions = {r: sorted(h) for r, h in sorted(by_rev.items())}
     report.forks = {r: h for r, h in report.revisions.items() if len(h) > 1}
-    for rev, hashes in report.forks.items():
-        if cfg.forks_fail:
-            report.failures.append(f"revision {rev} committed with {len(hashes)} state hashes: {hashes}")
+    report.genesis = sorted(genesis(syncs))
+    classified = classify_forks(syncs, round_events, start, end)
+    report.fork_kinds = [{**asdict(f), "kind": f.kind.value, "problem": f.problem(end - start)} for f in classified]
+    for fork in classified:
+        problem = fork.problem(end - start)
+        if problem is not None and cfg.forks_fail:
+            report.failures.append(problem)
     # a state extended twice: a fork, or a dead branch (every holder of the first child gone, the
     # survivors committed past it under a later revision number); counted, the revisions judge above
     report.branches = {p[:8]: sorted(h)[:4] for p, h in child_hashes(syncs).items() if len(h) > 1}
@@ -485,8 +506,10 @@ class Chaos:
         r.actions = dict(self.actions)
         syncs: list[Event] = []
         rounds: list[float] = []
+        round_events: list[Event] = []
         for m in self.members:
             events = list(read_events(self.cfg.out / "runs" / m.short / "metrics.jsonl"))
+            round_events += [e for e in events if e.get("event") == "round"]
             node_rounds = [float(e["time"]) for e in events if e.get("event") == "round"]
             node_syncs = [e for e in events if e.get("event") == "sync"]
             r.rounds[m.name] = len(node_rounds)
@@ -496,8 +519,28 @@ class Chaos:
             logs = (self.cfg.out / "logs").glob(f"{m.name}.*.log")
             r.tracebacks[m.name] = sum(p.read_text(errors="replace").count("Traceback") for p in logs)
         if self.started:  # else the failure to start is the verdict
-            judge(r, syncs, rounds, self.window, self.cfg)
+            judge(r, syncs, rounds, self.window, self.cfg, round_events)
         return r
+
+
+def rejudge(out: Path) -> ChaosReport:
+    """Judge a finished run's files again (its report's window and counts; every node's metrics)."""
+    old = json.loads((out / "chaos-report.json").read_text())
+    report = ChaosReport(old["duration_s"], old["nodes"], old["seed"], actions=old.get("actions", {}))
+    report.timeline, report.unexpected_exits = old.get("timeline", []), old.get("unexpected_exits", [])
+    report.failures = [f for f in old.get("failures", []) if "state hashes" not in f and "no committed" not in f]
+    report.failures = [f for f in report.failures if not f.startswith("no round")]
+    events = [e for p in sorted((out / "runs").glob("*/metrics.jsonl")) for e in read_events(p)]
+    syncs = [e for e in events if e.get("event") == "sync"]
+    round_events = [e for e in events if e.get("event") == "round"]
+    times = [float(e["time"]) for e in events]
+    window = tuple(old["window"]) if old.get("window", [0, 0])[1] else (min(times), max(times))
+    cfg = ChaosConfig(out=out, duration_s=report.duration_s, nodes=report.nodes, seed=report.seed)
+    for e in syncs:
+        short = str(e.get("peer", ""))[-6:]
+        report.commits[short] = report.commits.get(short, 0) + bool(e.get("committed"))
+    judge(report, syncs, [float(e["time"]) for e in round_events], (window[0], window[1]), cfg, round_events)
+    return report
 
 
 def group_alive_of(m: Member) -> bool:
@@ -542,8 +585,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("runs") / "chaos")
+    ap.add_argument("--rejudge", type=Path, help="judge the files of a finished run in this --out folder again")
     ap.add_argument("--script", default="", help="a fixed schedule: comma-separated T:ACTION:NODE, e.g. 14:stop:n0")
     args = ap.parse_args(argv)
+    if args.rejudge is not None:
+        again = rejudge(args.rejudge)
+        print(again.to_json())
+        return 0 if again.ok else 1
     try:
         script = parse_script(args.script)
     except ValueError as e:

@@ -29,6 +29,7 @@ from bench.chaos import (
     run_chaos,
     split_groups,
 )
+from bench.chaos_forks import ForkKind, classify_forks, genesis
 
 CHAOS_S = 180.0  # with start-up and the final SIGTERMs the test stays under 4 minutes
 
@@ -50,9 +51,55 @@ def test_longest_gap_counts_the_edges_of_the_window() -> None:
     assert longest_gap([20.0, 25.0, 90.0], 10.0, 70.0) == (45.0, 25.0)
 
 
-def _sync(t: float, rev: int, h: str, committed: bool = True, group: str = "") -> dict[str, object]:
+def _sync(
+    t: float, rev: int, h: str, committed: bool = True, group: str = "", peer: str = "", parent: str = ""
+) -> dict[str, object]:
     group = group or f"g{rev}{h}"
-    return {"event": "sync", "time": t, "revision": rev, "state_hash": h, "committed": committed, "group_id": group}
+    return {"event": "sync", "time": t, "revision": rev, "state_hash": h, "committed": committed,
+            "group_id": group, "peer": peer, "parent": parent}  # fmt: skip
+
+
+def _chain(
+    peers: list[str], hashes: list[str], t0: float, root: str = "00", dt: float = 5.0
+) -> list[dict[str, object]]:
+    """Commits of one branch: revision i + 1 is ``hashes[i]``, committed by every peer in ``peers``."""
+    parents = [root, *hashes]
+    return [_sync(t0 + i * dt, i + 1, h, peer=p, parent=parents[i]) for i, h in enumerate(hashes) for p in peers]
+
+
+def _ingest(t: float, me: str, other: str) -> dict[str, object]:
+    return {"event": "round", "time": t, "peer": me, "external_peers": {other: 1}}
+
+
+def test_a_fork_between_groups_that_reached_each_other_fails_and_an_island_that_merged_does_not() -> None:
+    a, b = ["p-aaaaaa", "p-bbbbbb"], ["p-cccccc", "p-dddddd"]
+    island = [*_chain(a, ["a1", "a2", "a3", "a4"], 10.0), *_chain(b, ["b1", "b2"], 11.0)]
+    island += [_sync(30.0, 5, "a5", peer=p, parent="a4") for p in [*a, *b]]  # b's members moved to a's branch
+    met_late = [_ingest(25.0, "p-cccccc", "p-aaaaaa")]  # first contact after the fork: 5 s before the merge
+    forks = classify_forks(island, met_late, 0.0, 100.0)
+    assert [(f.revision, f.kind, f.contact_s, f.merged_s) for f in forks] == [
+        (1, ForkKind.ISLAND, 25.0, 16.0),
+        (2, ForkKind.ISLAND, 25.0, 16.0),
+    ]
+    assert all(f.problem(100.0) is None for f in forks)
+    assert genesis(island) == {"00"}
+    met_early = [_ingest(8.0, "p-cccccc", "p-aaaaaa")]  # they reached each other just before the fork
+    connected = classify_forks(island, met_early, 0.0, 100.0)
+    assert connected[0].kind is ForkKind.CONNECTED and connected[0].problem(100.0) is not None
+
+
+def test_islands_that_met_and_both_grew_on_for_a_minute_fail() -> None:
+    a, b = ["p-aaaaaa", "p-bbbbbb"], ["p-cccccc", "p-dddddd"]
+    both = [*_chain(a, [f"a{i}" for i in range(1, 20)], 10.0), *_chain(b, [f"b{i}" for i in range(1, 20)], 11.0)]
+    forks = classify_forks(both, [_ingest(20.0, "p-cccccc", "p-bbbbbb")], 0.0, 110.0)
+    assert forks[0].kind is ForkKind.ISLAND and forks[0].merged_s is None
+    assert forks[0].problem(110.0) == (
+        "revision 1 committed with 2 state hashes ['a1', 'b1'] (islands) met at t=20s and never merged"
+    )
+    never_met = classify_forks(both, [], 0.0, 110.0)
+    assert never_met[0].contact_s is None and never_met[0].problem(110.0) is None
+    two_roots = [*_chain(a, ["a1"], 1.0, root="r1"), *_chain(b, ["b1"], 1.0, root="r2")]
+    assert genesis(two_roots) == {"r1", "r2"}
 
 
 def test_judge_flags_two_hashes_at_one_revision_and_the_gaps(tmp_path: Path) -> None:
@@ -65,7 +112,7 @@ def test_judge_flags_two_hashes_at_one_revision_and_the_gaps(tmp_path: Path) -> 
     judge(split, [*agreed, _sync(14.0, 2, "dd")], [5.0, 80.0], (0.0, 100.0), cfg)
     assert split.failures == [
         "no round on any node for 75s from t=5s",
-        "revision 2 committed with 2 state hashes: ['bb', 'dd']",
+        "revision 2 committed with 2 state hashes ['bb', 'dd'] by groups that could reach each other (t=12s and t=14s)",
     ]
     assert split.forks == {2: ["bb", "dd"]}
     counted = ChaosReport(100.0, 4, 0)
