@@ -105,11 +105,13 @@ class Node:
         device = resolve_device(self.cfg.device)
         logger.info("start-up: loading model %s", self.cfg.model)
         adapter = self.parts.adapter
-        # a frozen base is shared: a built-in model's is the same init on every peer (see SHARED_BASE_SEED)
-        base_seed = SHARED_BASE_SEED if adapter.enabled else self.cfg.seed
+        # a frozen base is shared: a built-in model's is the same init on every peer (see SHARED_BASE_SEED);
+        # so are the trained weights under the outer sync, whose revision 0 must be one state swarm-wide
+        synced = self.parts.sync is not None
+        base_seed = SHARED_BASE_SEED if adapter.enabled or synced else self.cfg.seed
         model, tokenizer, model_id = load_model(self.cfg.model, seed=base_seed, device=device)
         if adapter.enabled:
-            model = attach_adapter(model, adapter, seed=self.cfg.seed)
+            model = attach_adapter(model, adapter, seed=SHARED_BASE_SEED if synced else self.cfg.seed)
         self.policy = Policy(model, tokenizer, model_id, device)
         self.policy.stop = self.stop_event.is_set
         measure = self.cfg.diagnose_groups or self.cfg.sampling == "credit"  # credit is learned from the diagnostics

@@ -75,7 +75,11 @@ class NodeOptions:
     accept_tokens: int = option(
         0, "longest peer completion accepted, in this model's tokens (0: its own --max-new-tokens)", inherit=True
     )
-    seed: int = option(0, "seed for init, sampling and generation")
+    seed: int = option(
+        0,
+        "seed for sampling, generation and the initial weights (with the outer sync on, every peer of one model "
+        "starts from the same weights)",
+    )
     rounds: int = option(0, "rounds to run; 0 runs until stopped", inherit=True)
     local_groups: int = option(4, "I: local groups per round", flag="--local", inherit=True)
     external_groups: int = option(4, "J: external groups per round", flag="--external", inherit=True)

@@ -45,7 +45,9 @@ Llama-family names (Llama, Qwen2, Mistral, SmolLM2) and GPT-2's."""
 SHARED_BASE_SEED = 0
 """A built-in tiny model's base under an adapter is its init from this seed, whatever ``--seed`` is: a
 frozen base is meant to be shared, and peers whose bases differ never average (``--seed`` still seeds
-the adapters' init and the sampling)."""
+the adapters' init and the sampling). With the outer sync on, the trained weights (a built-in model's,
+or the adapters') start from this seed too: every peer of one model then starts at one revision-0
+state, so newcomers whose bootstrap peer is gone cannot start histories of their own from revision 0."""
 
 _TARGET_NAME = re.compile(r"[A-Za-z0-9_.]+")
 

@@ -15,7 +15,7 @@ restarted node still trusts whom it synced with. Trusted peers at this
 peer's own state count against a claim ahead only if they answer a ping now
 (records outlive their signers by up to ``record_ttl_s``). And a target that
 could not be downloaded is retried before this peer syncs at its own state
-(:data:`RETRIES`); one refused as implausible is passed over at once.
+(:data:`RETRIES` rounds over at least :data:`RETRY_S`); one refused as implausible is passed over at once.
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ RECENT_STEPS = 8
 
 RETRIES = 2
 """Rounds a target that no donor served is retried (the round waits) before this peer syncs at its own state."""
+
+RETRY_S = 30.0
+"""Seconds, counted from its first failure, a target that no donor served is retried at least. Rounds alone
+pass in a second or two in a fast swarm, less than a donor stays frozen (a stop, a long pause)."""
 
 SKIP_MARGIN = 64
 """Revisions a skip leaves past the last one this peer saw reported: a dead branch's last commits may not
@@ -95,8 +99,8 @@ class CatchUpper:
         """A later state this peer itself published before a restart from an older checkpoint (see decide_catch_up)."""
         self._unserved: set[tuple[int, str]] = set()
         """Targets passed over because no donor served them (others committed them; nobody holds them now)."""
-        self._failed: dict[tuple[int, str], int] = {}
-        """Targets that failed: times no donor served them, or RETRIES when refused as implausible."""
+        self._failed: dict[tuple[int, str], tuple[int, float]] = {}
+        """Targets that failed: times no donor served them (RETRIES when refused as implausible), and when first."""
         self.bootstrap = bootstrap
         self._partners: dict[str, None] = {}
         self.refusals: dict[CatchUpRefusal, int] = {}
@@ -134,13 +138,15 @@ class CatchUpper:
                 self.note_step(step)
 
     def ignored(self) -> frozenset[tuple[int, str]]:
-        """Targets passed over: retried :data:`RETRIES` times without a donor, or refused as implausible."""
-        return frozenset(t for t, n in self._failed.items() if n >= RETRIES)
+        """Targets passed over: retried :data:`RETRIES` times over :data:`RETRY_S` without a donor, or refused."""
+        now = self._clock()
+        return frozenset(t for t, (n, first) in self._failed.items() if n >= RETRIES and now - first >= RETRY_S)
 
     def _fail(self, target: CatchUp, refused: bool) -> None:
         key = (target.revision, target.state_hash)
-        self._failed[key] = RETRIES if refused else self._failed.get(key, 0) + 1
-        if not refused and self._failed[key] >= RETRIES:
+        n, first = self._failed.get(key, (0, self._clock()))
+        self._failed[key] = (RETRIES, -math.inf) if refused else (n + 1, first)
+        if not refused and key in self.ignored():
             self._unserved.add(key)
         while len(self._failed) > MAX_IGNORED:
             self._unserved.discard(oldest := next(iter(self._failed)))

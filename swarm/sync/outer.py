@@ -263,7 +263,7 @@ class OuterSync:
                 return RoundOutcome(self._report(t0, e.cause, 0, 0), job, None)
             # Safe to go on: join keys carry (revision, state hash), so this peer can only
             # meet peers with exactly its history. A peer claiming a revision it cannot serve
-            # must not stop everyone else from syncing (after RETRIES rounds it is passed over).
+            # must not stop everyone else from syncing (after RETRIES rounds over RETRY_S it is passed over).
             self._log(logging.WARNING, "catch-up failed (%s); syncing at the current state", e.reason)
             caught_up = False
         if not caught_up and self._catchup.orphaned(self._snap):

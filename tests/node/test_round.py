@@ -37,7 +37,7 @@ from node.training.policy import GenerationConfig
 from protocol import Descriptor, RolloutBatch, RolloutGroup, short_id
 from swarm.exchange import BatchRejection, CollectResult, Refusal
 from swarm.identity import Identity, IdentityError, load_or_create
-from swarm.sync import SyncReport
+from swarm.sync import OuterSyncConfig, SyncReport
 
 T0 = 1_700_000_000.0
 TTL = 300.0  # ExchangeConfig().descriptor_ttl_s
@@ -766,3 +766,18 @@ def test_a_leave_request_reaches_the_outer_sync_at_once(make_node: NodeMaker) ->
     while not h.sync.cancelled and time.monotonic() < deadline:
         node.stop_event.wait(0.01)
     assert h.sync.cancelled
+
+
+def test_with_the_outer_sync_on_every_seed_starts_from_one_revision_0_state(
+    make_node: NodeMaker, tmp_path: Path
+) -> None:
+    """Peers that start apart must not start apart histories: their revision-0 weights are one state."""
+
+    def first_weights(seed: int, parts: NodeParts) -> str:
+        harness = Harness(sync=FakeSync() if parts.sync is not None else None)
+        node = make_node(harness, parts, seed=seed, identity=str(tmp_path / f"{seed}-{parts.sync is None}.key"))
+        return params_digest(node.policy.model)
+
+    synced = NodeParts(sync=OuterSyncConfig(sync_every=4))
+    assert first_weights(1, synced) == first_weights(2, synced)
+    assert first_weights(1, NodeParts()) != first_weights(2, NodeParts())  # alone, --seed sets the init

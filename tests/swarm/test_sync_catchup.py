@@ -14,7 +14,7 @@ import torch
 from protocol import SigningKey
 from swarm.sync import OuterSyncConfig
 from swarm.sync.allreduce import Snapshot
-from swarm.sync.catchup import RETRIES, SKIP_MARGIN, CatchUpper
+from swarm.sync.catchup import RETRIES, RETRY_S, SKIP_MARGIN, CatchUpper
 from swarm.sync.decide import (
     MAX_CONTESTED_AHEAD,
     CatchUpRefusal,
@@ -240,8 +240,21 @@ def test_a_contested_next_state_must_move_no_more_than_this_peers_own_steps_allo
 # ---- forks: a target that fails, and trust that survives a restart ---------------------------------
 
 
-def _upper(states: dict[str, StateRecord], fetch: object, trusted: frozenset[str]) -> CatchUpper:
-    return CatchUpper("a", cast(SyncRecords, _Records(states)), fetch, OuterSyncConfig(), trusted, _quiet)  # type: ignore[arg-type]
+class _Clock:
+    """Wall time that moves only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _upper(
+    states: dict[str, StateRecord], fetch: object, trusted: frozenset[str], clock: _Clock | None = None
+) -> CatchUpper:
+    records = cast(SyncRecords, _Records(states))
+    return CatchUpper("a", records, fetch, OuterSyncConfig(), trusted, _quiet, clock or _Clock())  # type: ignore[arg-type]
 
 
 def _unreachable(*_: object) -> Snapshot:
@@ -252,11 +265,15 @@ def test_a_target_no_donor_serves_is_retried_before_this_peer_syncs_at_its_own_s
     """Syncing at once at its own state while the target is real (its donor frozen) would fork the history."""
     own = torch.ones(10)
     snap = Snapshot(3, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
-    upper = _upper({"b": _state("b", 4, H1)}, _unreachable, frozenset({"b"}))
-    for expected_retry in [True] * (RETRIES - 1) + [False]:
+    clock = _Clock()
+    upper = _upper({"b": _state("b", 4, H1)}, _unreachable, frozenset({"b"}), clock)
+    for _ in range(3 * RETRIES):  # many rounds in a few seconds: the donor may be frozen for longer
         with pytest.raises(StateDownloadFailed) as err:
             upper.catch_up(snap, lambda: False)
-        assert err.value.retry is expected_retry
+        assert err.value.retry
+        clock.now += 1.0
+    assert upper.ignored() == frozenset()
+    clock.now += RETRY_S
     assert upper.ignored() == {(4, H1)}
     assert upper.catch_up(snap, lambda: False) is None  # passed over from now on: sync at its own state
 
@@ -326,10 +343,12 @@ def test_a_group_skips_past_a_dead_branch_so_a_revision_names_one_state() -> Non
     own = torch.ones(10)
     snap = Snapshot(3, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
     states = {"b": _state("b", 4, H1)}
-    upper = _upper(states, _unreachable, frozenset({"b"}))
+    clock = _Clock()
+    upper = _upper(states, _unreachable, frozenset({"b"}), clock)
     for _ in range(RETRIES):
         with pytest.raises(StateDownloadFailed):
             upper.catch_up(snap, lambda: False)
+        clock.now += RETRY_S
     assert upper.skip(snap) == 1 + SKIP_MARGIN  # past 4, and past commits of the branch never reported
     assert upper.skip(Snapshot(4, snap.state_hash, own, torch.zeros(10))) == 0  # history moved past it
     # the branch's record expired: what was passed over as unserved still counts
