@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run as a script: tests/ is importable from the repository root
 
-from bench.chaos_forks import classify_forks, genesis  # noqa: E402
+from bench.chaos_forks import apart_at_end, classify_forks, genesis  # noqa: E402
 from node.observe.metrics import read_events  # noqa: E402
 from protocol import short_id  # noqa: E402
 from swarm.identity import load_or_create  # noqa: E402
@@ -109,6 +109,8 @@ class ChaosReport:
     """Each fork classified: connected (a bug), or an island with when it met the other branch and merged."""
     window: tuple[float, float] = (0.0, 0.0)
     """Wall-clock start and end of the chaos (``bench/chaos.py --rejudge`` judges a run's files again)."""
+    apart_at_end: list[list[str]] = field(default_factory=list)
+    """Pairs of nodes running at the end on different histories though they reached each other a minute before."""
     genesis: list[str] = field(default_factory=list)
     """The revision-0 states committed histories grew from: one when the swarm started as one."""
     branches: dict[str, list[str]] = field(default_factory=dict)
@@ -238,6 +240,9 @@ def judge(
         problem = fork.problem(end - start)
         if problem is not None and cfg.forks_fail:
             report.failures.append(problem)
+    report.apart_at_end = apart_at_end(syncs, round_events, end)
+    if report.apart_at_end and cfg.forks_fail:
+        report.failures.append(f"nodes connected for over a minute ended on different histories: {report.apart_at_end}")
     # a state extended twice: a fork, or a dead branch (every holder of the first child gone, the
     # survivors committed past it under a later revision number); counted, the revisions judge above
     report.branches = {p[:8]: sorted(h)[:4] for p, h in child_hashes(syncs).items() if len(h) > 1}

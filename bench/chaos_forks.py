@@ -188,3 +188,44 @@ def genesis(syncs: Iterable[Event]) -> set[str]:
             h = parent[h]
         roots.add(h[:8])
     return roots
+
+
+def ancestors(syncs: Iterable[Event], state: str) -> set[str]:
+    """``state`` and every state it descends from (through committed syncs' ``parent``)."""
+    parent = {str(e["state_hash"]): str(e.get("parent") or "") for e in _commits(syncs)}
+    out, h = {state}, state
+    while parent.get(h) and parent[h] not in out:
+        h = parent[h]
+        out.add(h)
+    return out
+
+
+def final_states(syncs: Iterable[Event], rounds: Iterable[Event], end: float, within: float = 10.0) -> dict[str, str]:
+    """Short peer id -> the state of its last sync, for every node that ran a round in the last ``within`` s."""
+    running = {str(e.get("peer", ""))[-6:] for e in rounds if float(e["time"]) >= end - within}
+    last: dict[str, tuple[float, str]] = {}
+    for e in syncs:
+        peer, t = str(e.get("peer", ""))[-6:], float(e["time"])
+        if peer in running and e.get("state_hash") and t >= last.get(peer, (-1.0, ""))[0]:
+            last[peer] = (t, str(e["state_hash"]))
+    return {p: h for p, (_, h) in last.items()}
+
+
+def apart_at_end(syncs: Sequence[Event], rounds: Sequence[Event], end: float) -> list[list[str]]:
+    """Nodes running at the end on histories neither of which contains the other, that were connected a
+    minute before the end (see :data:`MERGE_S`): each a list of ``peer:state``. Empty when they agree.
+
+    A node merely behind is on the same history (its state is an ancestor of the others').
+    """
+    finals = final_states(syncs, rounds, end)
+    lines = {p: ancestors(syncs, h) for p, h in finals.items()}
+    met = contacts(rounds)
+    apart = []
+    peers = sorted(finals)
+    for i, a in enumerate(peers):
+        for b in peers[i + 1 :]:
+            if finals[a] in lines[b] or finals[b] in lines[a]:
+                continue
+            if first_contact(met, [a], [b], end - 2 * MERGE_S, end - MERGE_S) is not None:
+                apart.append([f"{a}:{finals[a][:8]}", f"{b}:{finals[b][:8]}"])
+    return apart

@@ -29,7 +29,7 @@ from bench.chaos import (
     run_chaos,
     split_groups,
 )
-from bench.chaos_forks import ForkKind, classify_forks, genesis
+from bench.chaos_forks import ForkKind, apart_at_end, classify_forks, genesis
 
 CHAOS_S = 180.0  # with start-up and the final SIGTERMs the test stays under 4 minutes
 
@@ -156,3 +156,16 @@ def test_split_groups_finds_a_round_applied_by_some_members_only() -> None:
         {**_sync(3.0, 5, "bb", False, group="g3"), "peer": "p-aaaaaa", "cause": "commit timeout"},
     ]
     assert split_groups(events) == {"g1": ["aaaaaa: committed", "bbbbbb: member lost before voting"]}
+
+
+def test_nodes_connected_for_a_minute_must_end_on_one_history_though_no_number_was_reused() -> None:
+    """A branch that skipped past the other's numbers reuses none, but it is still a second history."""
+    a, c, e = "p-aaaaaa", "p-cccccc", "p-eeeeee"
+    events = [*_chain([a], ["a1", "a2", "a3"], 10.0), _sync(12.0, 70, "b70", peer=c, parent="00")]
+    events.append(_sync(20.0, 1, "a1", peer=e, parent="00"))  # e is behind a, on a's history
+    running = [{"event": "round", "time": 179.0, "peer": p, "external_peers": {}} for p in (a, c, e)]
+    met_early = [_ingest(110.0, a, c), _ingest(110.0, e, c), *running]
+    assert apart_at_end(events, met_early, 180.0) == [["aaaaaa:a3", "cccccc:b70"], ["cccccc:b70", "eeeeee:a1"]]
+    met_late = [_ingest(179.0, a, c), *running]  # met just now: they may still merge
+    assert apart_at_end(events, met_late, 180.0) == []
+    assert apart_at_end(events, [_ingest(110.0, a, e), *running], 180.0) == []  # behind is not apart
