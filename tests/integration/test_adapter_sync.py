@@ -20,7 +20,7 @@ def committed(n: NodeProc) -> list[dict[str, Any]]:
 
 
 def test_two_adapter_nodes_commit_identical_adapter_states(swarm: Swarm) -> None:
-    # different seeds: different samples and adapter inits, the same (shared) built-in base
+    # different seeds: different samples; with the sync on, the same adapter init and (shared) built-in base
     a = swarm.spawn("a", *COMMON, *LORA, "--seed", "1")
     b = swarm.spawn("b", *COMMON, *LORA, "--seed", "2")
     swarm.go()
