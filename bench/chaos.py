@@ -406,7 +406,7 @@ class Chaos:
         return {"node": m.name, "incarnation": m.incarnation, "t": round(now - self.t0, 1), "what": what, "log": tail}
 
     def act(self, now: float) -> None:
-        live = [m for m in self.members if m.alive() and m.termed_at is None]
+        live = [m for m in self.members if m.alive() and m.termed_at is None and m.cause is not Cause.KILLED]
         running = [m for m in live if m.running()]
         dead = [m for m in self.members if not m.alive() and m.recorded and not group_alive_of(m)]
         action = choose_action(self.rng, len(running), len(live), len(dead), self.cfg.nodes)
@@ -495,7 +495,8 @@ class Chaos:
                 m.stopped_until = now  # the next tick sends SIGCONT
         self.tick(now)
         for m in self.members:
-            if m.alive() and m.termed_at is None and m.proc is not None:
+            # a node SIGKILLed just before may not be reaped yet: it is dying, and its -9 stays expected
+            if m.alive() and m.termed_at is None and m.cause is not Cause.KILLED and m.proc is not None:
                 m.cause, m.termed_at, m.term_phase = Cause.TERMED, now, "end"
                 m.proc.term()
         self.log(f"SIGTERM to {sum(m.termed_at is not None for m in self.members)} nodes")

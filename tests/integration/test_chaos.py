@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from bench.chaos import (
     Action,
     Cause,
+    Chaos,
     ChaosConfig,
     ChaosReport,
+    Member,
     choose_action,
     exit_expected,
     judge,
@@ -29,6 +32,7 @@ from bench.chaos import (
     split_groups,
 )
 from bench.chaos_forks import ForkKind, apart_at_end, classify_forks, genesis
+from tests.procs import Proc, Procs
 
 CHAOS_S = 180.0  # with start-up and the final SIGTERMs the test stays under 4 minutes
 
@@ -169,3 +173,34 @@ def test_nodes_connected_for_a_minute_must_end_on_one_history_though_no_number_w
     met_late = [_ingest(179.0, a, c), *running]  # met just now: they may still merge
     assert apart_at_end(events, met_late, 180.0) == []
     assert apart_at_end(events, [_ingest(110.0, a, e), *running], 180.0) == []  # behind is not apart
+
+
+class _DyingProc:
+    """A node process SIGKILLed a moment ago: still alive until the next look, then gone with -9."""
+
+    def __init__(self) -> None:
+        self.looks, self.termed = 0, False
+
+    def alive(self) -> bool:
+        self.looks += 1
+        return self.looks <= 2
+
+    @property
+    def returncode(self) -> int:
+        return -9
+
+    def term(self) -> None:
+        self.termed = True
+
+    def output(self) -> str:
+        return ""
+
+
+def test_a_node_killed_just_before_the_end_is_not_counted_as_a_bad_sigterm_exit(tmp_path: Path) -> None:
+    """Seed 9 of the 3-minute sweep: a kill 0.4 s before the end, the final SIGTERM, then exit -9 'unexpected'."""
+    chaos = Chaos(ChaosConfig(out=tmp_path, term_bound_s=1.0), cast(Procs, None))
+    m = Member("n0", tmp_path / "n0.key", "aaaaaa", cast(Proc, _DyingProc()), incarnation=1, cause=Cause.KILLED)
+    m.recorded = False
+    chaos.members.append(m)
+    chaos.finish()
+    assert chaos.report.failures == [] and m.recorded and not cast(_DyingProc, m.proc).termed
