@@ -142,6 +142,8 @@ class OuterSync:
         self._prober = Prober(membership, self._service, cfg.ping_timeout_s)
         self._closed = False
         self._leaving = threading.Event()
+        self._waiting_for = ""
+        """The reason of the last catch-up retry: repeats go to DEBUG (a newcomer may wait for minutes)."""
         self._schedule = Schedule(cfg.sync_every, cfg.sync_period_s, clock())
         bootstrap = peers_named_in(membership.cfg.initial_peers)
         self._catchup = CatchUpper(
@@ -259,13 +261,16 @@ class OuterSync:
             if isinstance(e, StateDownloadFailed) and e.retry:
                 # the target may be real (its donors frozen, or moved on meanwhile): syncing at this
                 # state now could extend it a second time and fork the history; retry next round
-                self._log(logging.WARNING, "catch-up failed (%s); retrying next round", e.reason)
+                level = logging.DEBUG if e.reason == self._waiting_for else logging.WARNING
+                self._waiting_for = e.reason
+                self._log(level, "catch-up failed (%s); retrying next round", e.reason)
                 return RoundOutcome(self._report(t0, e.cause, 0, 0), job, None)
             # Safe to go on: join keys carry (revision, state hash), so this peer can only
             # meet peers with exactly its history. A peer claiming a revision it cannot serve
-            # must not stop everyone else from syncing (after RETRIES rounds over RETRY_S it is passed over).
+            # must not stop everyone else from syncing (passed over after RETRIES rounds and RETRY_S).
             self._log(logging.WARNING, "catch-up failed (%s); syncing at the current state", e.reason)
             caught_up = False
+        self._waiting_for = ""
         if not caught_up and self._catchup.orphaned(self._snap):
             return RoundOutcome(self._report(t0, AbortCause.ORPHANED, 0, 0), job, None)
         self._prober.reset(self._snap.revision)
