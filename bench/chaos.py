@@ -25,7 +25,7 @@ import random
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -111,6 +111,8 @@ class ChaosReport:
     """Wall-clock start and end of the chaos (``bench/chaos.py --rejudge`` judges a run's files again)."""
     apart_at_end: list[list[str]] = field(default_factory=list)
     """Pairs of nodes running at the end on different histories though they reached each other a minute before."""
+    islands_at_end: list[list[str]] = field(default_factory=list)
+    """Pairs running at the end on different histories whose current processes did not reach each other."""
     genesis: list[str] = field(default_factory=list)
     """The revision-0 states committed histories grew from: one when the swarm started as one."""
     branches: dict[str, list[str]] = field(default_factory=dict)
@@ -208,11 +210,13 @@ def judge(
     window: tuple[float, float],
     cfg: ChaosConfig,
     round_events: Sequence[Event] = (),
+    starts: Mapping[str, float] | None = None,
 ) -> None:
     """Fill the report's verdict from the nodes' events over the chaos ``window`` (wall-clock times).
 
     A fork fails the run when its groups could reach each other, or when islands that met did not
-    merge within 60 s; ``round_events`` (with ``external_peers``) tell which (:mod:`bench.chaos_forks`).
+    merge within 60 s; ``round_events`` (with ``external_peers``) tell which (:mod:`bench.chaos_forks`);
+    ``starts`` (short peer id -> its current process's start) limits reach to the current processes.
     """
     start, end = window
     report.window = window
@@ -240,7 +244,7 @@ def judge(
         problem = fork.problem(end - start)
         if problem is not None and cfg.forks_fail:
             report.failures.append(problem)
-    report.apart_at_end = apart_at_end(syncs, round_events, end)
+    report.apart_at_end, report.islands_at_end = apart_at_end(syncs, round_events, end, starts)
     if report.apart_at_end and cfg.forks_fail:
         report.failures.append(f"nodes connected for over a minute ended on different histories: {report.apart_at_end}")
     # a state extended twice: a fork, or a dead branch (every holder of the first child gone, the
@@ -513,9 +517,11 @@ class Chaos:
         syncs: list[Event] = []
         rounds: list[float] = []
         round_events: list[Event] = []
+        starts: dict[str, float] = {}
         for m in self.members:
             events = list(read_events(self.cfg.out / "runs" / m.short / "metrics.jsonl"))
             round_events += [e for e in events if e.get("event") == "round"]
+            starts[m.short] = max((float(e["time"]) for e in events if e.get("event") == "start"), default=0.0)
             node_rounds = [float(e["time"]) for e in events if e.get("event") == "round"]
             node_syncs = [e for e in events if e.get("event") == "sync"]
             r.rounds[m.name] = len(node_rounds)
@@ -525,7 +531,7 @@ class Chaos:
             logs = (self.cfg.out / "logs").glob(f"{m.name}.*.log")
             r.tracebacks[m.name] = sum(p.read_text(errors="replace").count("Traceback") for p in logs)
         if self.started:  # else the failure to start is the verdict
-            judge(r, syncs, rounds, self.window, self.cfg, round_events)
+            judge(r, syncs, rounds, self.window, self.cfg, round_events, starts)
         return r
 
 
@@ -545,7 +551,13 @@ def rejudge(out: Path) -> ChaosReport:
     for e in syncs:
         short = str(e.get("peer", ""))[-6:]
         report.commits[short] = report.commits.get(short, 0) + bool(e.get("committed"))
-    judge(report, syncs, [float(e["time"]) for e in round_events], (window[0], window[1]), cfg, round_events)
+    starts: dict[str, float] = {}
+    for e in events:
+        if e.get("event") == "start":
+            short = str(e.get("peer", ""))[-6:]
+            starts[short] = max(starts.get(short, 0.0), float(e["time"]))
+    rounds = [float(e["time"]) for e in round_events]
+    judge(report, syncs, rounds, (window[0], window[1]), cfg, round_events, starts)
     return report
 
 

@@ -23,6 +23,7 @@ pure function of the events, so the judge is tested without processes.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -211,21 +212,30 @@ def final_states(syncs: Iterable[Event], rounds: Iterable[Event], end: float, wi
     return {p: h for p, (_, h) in last.items()}
 
 
-def apart_at_end(syncs: Sequence[Event], rounds: Sequence[Event], end: float) -> list[list[str]]:
-    """Nodes running at the end on histories neither of which contains the other, that were connected a
-    minute before the end (see :data:`MERGE_S`): each a list of ``peer:state``. Empty when they agree.
+def apart_at_end(
+    syncs: Sequence[Event], rounds: Sequence[Event], end: float, starts: Mapping[str, float] | None = None
+) -> tuple[list[list[str]], list[list[str]]]:
+    """Nodes running at the end on histories neither of which contains the other: each pair ``peer:state``.
 
-    A node merely behind is on the same history (its state is an ancestor of the others').
+    The first list: pairs whose current processes reached each other a minute before the end (see
+    :data:`MERGE_S`): they had time to merge, and a failure. The second: the other pairs (islands, or
+    one side just started), reported. ``starts``: short peer id -> when its current process started
+    (contacts of an earlier process of the same identity say nothing of this one's reach). A node
+    merely behind is on the same history (its state is an ancestor of the others').
     """
     finals = final_states(syncs, rounds, end)
     lines = {p: ancestors(syncs, h) for p, h in finals.items()}
     met = contacts(rounds)
-    apart = []
+    since = starts or {}
+    connected: list[list[str]] = []
+    unreached: list[list[str]] = []
     peers = sorted(finals)
     for i, a in enumerate(peers):
         for b in peers[i + 1 :]:
             if finals[a] in lines[b] or finals[b] in lines[a]:
                 continue
-            if first_contact(met, [a], [b], end - 2 * MERGE_S, end - MERGE_S) is not None:
-                apart.append([f"{a}:{finals[a][:8]}", f"{b}:{finals[b][:8]}"])
-    return apart
+            begin = max(end - 2 * MERGE_S, since.get(a, -math.inf), since.get(b, -math.inf))
+            pair = [f"{a}:{finals[a][:8]}", f"{b}:{finals[b][:8]}"]
+            reached = begin <= end - MERGE_S and first_contact(met, [a], [b], begin, end - MERGE_S) is not None
+            (connected if reached else unreached).append(pair)
+    return connected, unreached

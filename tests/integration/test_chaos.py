@@ -169,10 +169,13 @@ def test_nodes_connected_for_a_minute_must_end_on_one_history_though_no_number_w
     events.append(_sync(20.0, 1, "a1", peer=e, parent="00"))  # e is behind a, on a's history
     running = [{"event": "round", "time": 179.0, "peer": p, "external_peers": {}} for p in (a, c, e)]
     met_early = [_ingest(110.0, a, c), _ingest(110.0, e, c), *running]
-    assert apart_at_end(events, met_early, 180.0) == [["aaaaaa:a3", "cccccc:b70"], ["cccccc:b70", "eeeeee:a1"]]
+    pairs = [["aaaaaa:a3", "cccccc:b70"], ["cccccc:b70", "eeeeee:a1"]]
+    assert apart_at_end(events, met_early, 180.0) == (pairs, [])
     met_late = [_ingest(179.0, a, c), *running]  # met just now: they may still merge
-    assert apart_at_end(events, met_late, 180.0) == []
-    assert apart_at_end(events, [_ingest(110.0, a, e), *running], 180.0) == []  # behind is not apart
+    assert apart_at_end(events, met_late, 180.0) == ([], pairs)
+    assert apart_at_end(events, [_ingest(110.0, a, e), *running], 180.0) == ([], pairs)  # e behind a: not apart
+    # c restarted at 150 s: what an earlier process of its identity reached says nothing of this one
+    assert apart_at_end(events, met_early, 180.0, {"cccccc": 150.0}) == ([], pairs)
 
 
 class _DyingProc:
