@@ -540,8 +540,8 @@ def rejudge(out: Path) -> ChaosReport:
     old = json.loads((out / "chaos-report.json").read_text())
     report = ChaosReport(old["duration_s"], old["nodes"], old["seed"], actions=old.get("actions", {}))
     report.timeline, report.unexpected_exits = old.get("timeline", []), old.get("unexpected_exits", [])
-    report.failures = [f for f in old.get("failures", []) if "state hashes" not in f and "no committed" not in f]
-    report.failures = [f for f in report.failures if not f.startswith("no round")]
+    judged = ("state hashes", "no committed", "no round", "different histories")  # judged again below
+    report.failures = [f for f in old.get("failures", []) if not any(j in f for j in judged)]
     events = [e for p in sorted((out / "runs").glob("*/metrics.jsonl")) for e in read_events(p)]
     syncs = [e for e in events if e.get("event") == "sync"]
     round_events = [e for e in events if e.get("event") == "round"]
