@@ -137,8 +137,8 @@ def start_attacker(swarm: Swarm, peer: str, *extra: str) -> tuple[Proc, Path]:
 def _cycled(out: Path) -> bool:
     """Whether the attacker finished a whole DHT cycle (flood, replay, garbage), by its last report.
 
-    Niced on a loaded 2-core machine its first cycle can outlast ATTACK_S (a fresh-clone suite read the
-    report after flood and replay only: no garbage_sent); the rounds are counted over the longer span.
+    Niced on a loaded 2-core machine its first cycle can outlast ATTACK_S, and a report read then lacks
+    the later steps; the rounds are counted over the longer span.
     """
     try:
         return int(json.loads((out / "attacker.json").read_text()).get("dht_cycles", 0)) >= 1

@@ -200,7 +200,7 @@ class _DyingProc:
 
 
 def test_a_node_killed_just_before_the_end_is_not_counted_as_a_bad_sigterm_exit(tmp_path: Path) -> None:
-    """Seed 9 of the 3-minute sweep: a kill 0.4 s before the end, the final SIGTERM, then exit -9 'unexpected'."""
+    """A kill just before the end must not be followed by the final SIGTERM, which would make its -9 'unexpected'."""
     chaos = Chaos(ChaosConfig(out=tmp_path, term_bound_s=1.0), cast(Procs, None))
     m = Member("n0", tmp_path / "n0.key", "aaaaaa", cast(Proc, _DyingProc()), incarnation=1, cause=Cause.KILLED)
     m.recorded = False
