@@ -212,8 +212,9 @@ class RolloutExchange:
         self._clock = clock
         self._rng = rng or random.Random()
         self._served: OrderedDict[str, bytes] = OrderedDict()
-        # digests tried: accepted, refused or failed (but not cut by our own deadline); never fetched again
-        self._fetched: OrderedDict[str, None] = OrderedDict()
+        # (publisher, digest) tried: accepted, refused or failed (but not cut by our own deadline); never again.
+        # Keyed by publisher too: a peer that names another's digest must not mark the genuine one as tried.
+        self._fetched: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._reputation = Reputation(self.cfg.reputation)
         self._opened = OpenedCache()
         self._pending_stores = 0
@@ -482,8 +483,8 @@ class RolloutExchange:
         with self._lock:
             return self._shards
 
-    def _fetch_all(self, chosen: list[Descriptor], budget: float) -> dict[str, bytes | FetchError]:
-        """Payload bytes or why the fetch failed, per chosen digest; absent when our own deadline cut it."""
+    def _fetch_all(self, chosen: list[Descriptor], budget: float) -> dict[tuple[str, str], bytes | FetchError]:
+        """Payload bytes or why the fetch failed, per chosen (publisher, digest); absent when our deadline cut it."""
         if not chosen or budget <= 0:
             return {}
         try:
@@ -492,7 +493,7 @@ class RolloutExchange:
                 self.membership.p2p, self.handler_name, wanted, budget_s=budget, parallel=self.cfg.max_parallel_fetches,
                 chunk_bytes=self.cfg.chunk_bytes, pace=self.cfg.pace, cap_s=self.cfg.fetch_timeout_s,
             )  # fmt: skip
-            result: dict[str, bytes | FetchError] = self.membership.run(coro, budget + 2.0)
+            result: dict[tuple[str, str], bytes | FetchError] = self.membership.run(coro, budget + 2.0)
             return result
         except Exception as e:  # the loop itself is stuck or gone
             logger.warning("%s fetching failed as a whole: %s", self._tag(), e or type(e).__name__)
@@ -501,14 +502,14 @@ class RolloutExchange:
     def _verify_all(
         self,
         chosen: list[Descriptor],
-        results: dict[str, bytes | FetchError],
+        results: dict[tuple[str, str], bytes | FetchError],
         rejected: list[tuple[str, Refusal]],
         failed: list[tuple[str, str]],
         now: float,
     ) -> list[tuple[Descriptor, RolloutBatch]]:
         accepted: list[tuple[Descriptor, RolloutBatch]] = []
         for desc in chosen:
-            result = results.get(desc.payload_digest)
+            result = results.get((desc.publisher, desc.payload_digest))
             if not isinstance(result, bytes):
                 reason = COLLECT_DEADLINE if result is None else result.reason
                 failed.append((desc.publisher, reason))
@@ -534,7 +535,7 @@ class RolloutExchange:
     def _settle(self, desc: Descriptor, now: float, offence: Offence | None, *, credit: bool) -> None:
         """Remember ``desc``'s digest for good; penalise its publisher for ``offence`` or credit the delivery."""
         with self._lock:
-            self._fetched[desc.payload_digest] = None
+            self._fetched[(desc.publisher, desc.payload_digest)] = None
             while len(self._fetched) > self.cfg.remember_fetched:
                 self._fetched.popitem(last=False)
             if offence is not None:

@@ -167,13 +167,15 @@ async def fetch_many(
     chunk_bytes: int,
     pace: Pace = DEFAULT_PACE,
     cap_s: float = math.inf,
-) -> dict[str, bytes | FetchError]:
+) -> dict[tuple[str, str], bytes | FetchError]:
     """Fetch each ``(peer_id, digest, size)`` in ``wanted``, at most ``parallel`` at once, within ``budget_s``.
 
     Each fetch ends at ``pace.budget_s(size)`` (at most ``cap_s``) with
     :attr:`FetchFailure.TOO_SLOW`, so no single straggler holds the rest.
-    Returns the bytes or the error per digest; digests still running when
-    ``budget_s`` ends are absent (the caller's own deadline, no fault of theirs).
+    Returns the bytes or the error per ``(peer_id, digest)``: two peers that
+    name one digest are two fetches, so neither answer stands for the other's.
+    Fetches still running when ``budget_s`` ends are absent (the caller's own
+    deadline, no fault of theirs).
     """
     slots = asyncio.Semaphore(parallel)
 
@@ -190,13 +192,13 @@ async def fetch_many(
             except Exception as e:  # never let one bad peer break the others
                 return FetchError(FetchFailure.CONNECTION, f"{type(e).__name__}: {_short(e)}")
 
-    tasks = {digest: asyncio.create_task(one(peer, digest, size)) for peer, digest, size in wanted}
+    tasks = {(peer, digest): asyncio.create_task(one(peer, digest, size)) for peer, digest, size in wanted}
     if not tasks:
         return {}
     done, pending = await asyncio.wait(tasks.values(), timeout=budget_s)
     for task in pending:
         task.cancel()
-    return {digest: task.result() for digest, task in tasks.items() if task in done}
+    return {key: task.result() for key, task in tasks.items() if task in done}
 
 
 async def _read_response(reader: asyncio.StreamReader, expected_size: int, chunk_bytes: int, pace: Pace) -> bytes:

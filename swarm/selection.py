@@ -36,7 +36,7 @@ def select_descriptors(
     own: str,
     now: float,
     since: float,
-    fetched: Container[str],
+    fetched: Container[tuple[str, str]],
     limit: int,
     rng: random.Random,
     reputation: Reputation,
@@ -50,7 +50,7 @@ def select_descriptors(
     once per publisher). Forged or malformed entries are refused with a
     reason, and so is a ``created`` more than ``max_future_s`` in the future
     (:attr:`BatchRejection.FUTURE_DATED`). Own, expired, older-than-``since``
-    and already tried (``fetched``) ones are dropped silently. ``created`` only
+    and already tried (``fetched``, by publisher and digest) ones are dropped silently. ``created`` only
     filters: it never orders, so a claimed time cannot buy priority. Each
     publisher gets at most one descriptor (its freshest untried one), and
     publishers are ranked by :meth:`Reputation.choose` (good ones first,
@@ -65,7 +65,7 @@ def select_descriptors(
             continue
         desc = _open_entry(subkey, value, now, max_future_s, rejected, opened)
         stale = desc is None or desc.expires <= now or desc.created < since
-        if desc is None or stale or desc.publisher == own or desc.payload_digest in fetched:
+        if desc is None or stale or desc.publisher == own or (desc.publisher, desc.payload_digest) in fetched:
             continue
         best = freshest.get(desc.publisher)
         if best is None or (desc.created, desc.payload_digest) > (best.created, best.payload_digest):

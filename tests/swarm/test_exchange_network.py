@@ -146,7 +146,8 @@ def test_tampered_payload_and_replayed_descriptor(
     assert [mallory.peer_id, "digest mismatch", ""] in res["rejected"], res
     assert all(a[0] != mallory.peer_id for a in res["accepted"])
     again = swarm4[2].request(cmd="collect", since=since, limit=16)  # the bad digest is remembered
-    assert all(p != mallory.peer_id for p, *_ in again["rejected"] + again["failed"]), again
+    # (another of Mallory's records from the tests above may still be live under the previous window's key)
+    assert [mallory.peer_id, "digest mismatch", ""] not in again["rejected"], again
     # replay: an old (but validly signed and unexpired) descriptor stored again is dropped by `since`
     old = Descriptor(mallory.peer_id, 6, "ab" * 32, 100, (), since - 100, since - 100 + 3500)
     key = window_key(SWARM, time.time(), mallory.cfg.window_s)
@@ -290,3 +291,27 @@ def test_descriptor_flood_does_not_starve_honest_peers(mallory: RolloutExchange,
         assert len(res["failed"]) <= 2 and {p for p, _ in res["failed"]} <= present, res
         assert res["elapsed_s"] < ExchangeConfig().dial_timeout_s + 1.0, res
     assert stored_present == 60
+
+
+def test_a_peer_that_names_an_honest_digest_censors_nothing(mallory: RolloutExchange, swarm4: list[WorkerProc]) -> None:
+    """Mallory signs descriptors of its own naming an honest publisher's digest and size, and answers
+    "unknown digest" (what its real handler says): the collector still gets every honest batch."""
+    collector, honest = swarm4[3], swarm4[2]
+    dht = mallory.membership.dht
+    assert dht is not None
+    got = 0
+    for round_ in range(40, 45):  # which of the two is fetched first is random: five rounds, every one must hold
+        since = time.time() - 0.5
+        published = honest.request(cmd="publish", round=round_)
+        now = time.time()
+        # lives longer than Mallory's records from the tests above, so the DHT keeps it under Mallory's subkey
+        squat = Descriptor(mallory.peer_id, round_, published["digest"], published["size"], ("arith",), now, now + 3590)
+        sealed = seal_descriptor(squat, mallory.membership.identity.key)
+        where = window_key(SWARM, now, mallory.cfg.window_s)
+        assert dht.store(where, sealed, squat.expires, subkey=mallory.peer_id, return_future=True).result(10)
+        res = collector.request(cmd="collect", since=since, limit=16)
+        got += [honest.peer_id, published["digest"]] in [a[:2] for a in res["accepted"]]
+        # Mallory's answer never stands for the honest publisher's (it never says "unknown digest" of a
+        # batch it just published); a transport failure of its own, rare on loopback, is not censorship
+        assert all(not (p == honest.peer_id and why.startswith("peer error")) for p, why in res["failed"]), res
+    assert got >= 4, got

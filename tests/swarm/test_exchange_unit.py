@@ -38,6 +38,7 @@ from swarm.payload_stream import (
     FetchError,
     FetchFailure,
     Pace,
+    error_frame,
     fetch_many,
     fetch_one,
     serve_one,
@@ -100,7 +101,8 @@ def test_select_drops_own_stale_and_fetched() -> None:
     sel = _select(entries)
     assert _digests(sel) == {"b", "c"} and sel.rejected == []
     assert _digests(_select(entries, since=NOW - 3)) == {"c"}
-    assert _digests(_select(entries, fetched={"c" * 64})) == {"b"}
+    assert _digests(_select(entries, fetched={(C.peer_id, "c" * 64)})) == {"b"}
+    assert _digests(_select(entries, fetched={(B.peer_id, "c" * 64)})) == {"b", "c"}  # tried from B, not C
     assert len(_select(entries, limit=1).chosen) == 1
 
 
@@ -164,7 +166,7 @@ def test_flood_of_unknown_keys_gets_the_exploration_slots_only() -> None:
 def test_one_descriptor_per_publisher_its_freshest_untried() -> None:
     entries = [_entry(B, NOW - 30, "1" * 64), _entry(B, NOW - 10, "2" * 64), _entry(B, NOW - 20, "3" * 64)]
     assert _digests(_select(entries)) == {"2"}
-    assert _digests(_select(entries, fetched={"2" * 64})) == {"3"}
+    assert _digests(_select(entries, fetched={(B.peer_id, "2" * 64)})) == {"3"}
 
 
 def test_banned_publishers_are_skipped_unopened_and_counted() -> None:
@@ -314,7 +316,7 @@ def test_fetch_many_does_not_wait_on_a_straggler() -> None:
     payload = bytes(range(256)) * 100
     digest = payload_digest(payload)
 
-    async def run() -> tuple[dict[str, bytes | FetchError], float]:
+    async def run() -> tuple[dict[tuple[str, str], bytes | FetchError], float]:
         async def honest(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await serve_one(reader, writer, {digest: payload}.get, 4096)
             writer.close()
@@ -329,8 +331,8 @@ def test_fetch_many_does_not_wait_on_a_straggler() -> None:
         return got, time.monotonic() - t0
 
     got, took = asyncio.run(run())
-    assert got[digest] == payload
-    silent = got["f" * 64]
+    assert got[(B.peer_id, digest)] == payload
+    silent = got[(C.peer_id, "f" * 64)]
     assert isinstance(silent, FetchError) and silent.kind is FetchFailure.TOO_SLOW
     assert took < 0.3 + 0.2, took  # the collect budget (10 s) was never the bound
 
@@ -399,6 +401,19 @@ class _Loopback:
 
         self.p2p.ports[key.peer_id] = self.loop.run(start(), 5.0)
         return digest
+
+    def squat(self, key: SigningKey, victim: SigningKey, handler: Handler) -> None:
+        """Announce, signed by ``key``, the digest and size of ``victim``'s descriptor, served by ``handler``."""
+        theirs = open_descriptor(self.records[victim.peer_id])
+        desc = Descriptor(key.peer_id, theirs.round, theirs.payload_digest, theirs.payload_size, ("arith",),
+                          NOW - 4, NOW + 300)  # fmt: skip
+        self.records[key.peer_id] = seal_descriptor(desc, key)
+
+        async def start() -> int:
+            server = await asyncio.start_server(handler, "127.0.0.1", 0)
+            return int(server.sockets[0].getsockname()[1])
+
+        self.p2p.ports[key.peer_id] = self.loop.run(start(), 5.0)
 
 
 def _honest(payload: bytes) -> Handler:
@@ -503,3 +518,44 @@ def test_each_dht_entry_is_opened_once_across_collects(monkeypatch: pytest.Monke
     small = OpenedCache(capacity=10)
     _select(entries, opened=small)
     assert len(small) == 10  # bounded
+
+
+async def _unknown_digest(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    request = await reader.readexactly(64)
+    writer.write(error_frame(f"unknown digest {request[:12].decode()}"))
+    await writer.drain()
+    writer.close()
+
+
+def _header_too_long(size: int) -> Handler:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(64)
+        writer.write(HEADER.pack(MAGIC, STATUS_OK, size + 1))
+        await writer.drain()
+        writer.close()
+
+    return handle
+
+
+SQUATTER = SigningKey(bytes([44]) * 32)
+
+
+@pytest.mark.parametrize("answer", ["unknown digest", "header one byte too long"])
+def test_a_peer_that_names_anothers_digest_neither_censors_nor_gets_it_charged(
+    loopback: _Loopback, answer: str
+) -> None:
+    """A squatter signs a descriptor of its own with an honest publisher's digest and size: each fetch goes
+    to the publisher that signed the descriptor, so the honest batch arrives and only the squatter pays."""
+    for seed in range(8):  # the order in which the two are chosen is random: every order must hold
+        loopback.records.clear()
+        digest = loopback.announce(HONEST, 1, _honest)
+        size = open_descriptor(loopback.records[HONEST.peer_id]).payload_size
+        handler = _unknown_digest if answer == "unknown digest" else _header_too_long(size)
+        loopback.squat(SQUATTER, HONEST, handler)
+        cfg = ExchangeConfig(reputation=ReputationConfig(exploration_slots=4))
+        ex = RolloutExchange(cast(Membership, loopback), cfg, clock=lambda: NOW, rng=random.Random(seed))
+        res = ex.collect(since=NOW - 60, limit=8)
+        assert [(d.publisher, d.payload_digest) for d, _ in res.accepted] == [(HONEST.peer_id, digest)], (seed, res)
+        assert [p for p, _ in res.failed] == [SQUATTER.peer_id], (seed, res)
+        rep = ex._reputation
+        assert rep.score(HONEST.peer_id, NOW) > 0 and rep.score(SQUATTER.peer_id, NOW) <= 0, seed
