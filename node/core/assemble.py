@@ -36,6 +36,7 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
         sampling=opts.sampling, log_dir=opts.log_dir, device=opts.device, max_threads=opts.max_threads,
         identity=opts.identity, overlap_network=not opts.wait_network, network_wait_s=opts.network_wait,
         diagnose_groups=opts.diagnose_groups, min_generate_s=opts.min_generate,
+        max_source_share=opts.max_source_share,
     )  # fmt: skip
     if opts.micro_batch < 0:
         raise ValueError(f"--micro-batch {opts.micro_batch}: use 0 (the model's default) or a positive count, e.g. 2")

@@ -43,6 +43,14 @@ class NodeConfig:
     sampling: str = field(
         default="advantage", metadata={"help": "External group choice: uniform, advantage or credit."}
     )
+    max_source_share: float = field(
+        default=0.5,
+        metadata={
+            "help": "Most rows one peer may supply to a training step, as a share of this node's own rows per round "
+            "(I x G); its groups past that wait for a later step. With each peer group cut to G completions and "
+            "its mean absolute advantage at most 1, this also bounds its share of the step's advantage mass."
+        },
+    )
     pool_capacity: int = field(default=64, metadata={"help": "Most verified external groups kept waiting."})
     collect_limit: int = field(default=8, metadata={"help": "Most peer batches fetched per round."})
     share: bool = field(default=True, metadata={"help": "Publish local rollouts for other peers."})
@@ -94,6 +102,10 @@ class NodeConfig:
             (
                 self.sampling in SAMPLING_POLICIES,
                 f"sampling={self.sampling!r}; use one of {SAMPLING_POLICIES}",
+            ),
+            (
+                0 < self.max_source_share <= 16,
+                f"max_source_share={self.max_source_share}; use a share of the node's own rows in (0, 16], e.g. 0.5",
             ),
             (self.pool_capacity >= 1, f"pool_capacity={self.pool_capacity}; use at least 1"),
             (self.collect_limit >= 0, f"collect_limit={self.collect_limit}; use 0 or more"),

@@ -144,6 +144,7 @@ def ingest(
         verdict = _check(peer, group, accept, budget, clock())
         out.mismatches += verdict.reward_mismatches
         out.task_builds += verdict.built
+        out.trimmed += verdict.trimmed
         tally = out.tallies[peer]
         if verdict.group is not None:
             good.append(verdict.group)

@@ -269,7 +269,8 @@ class Node:
             return None
         useful = self.trainer.has_signal  # what "advantage" sampling prefers: groups that would move this policy
         order = self._credit_order if self.cfg.sampling == "credit" else None
-        external = self.pool.take(self.cfg.external_groups, self.cfg.sampling, self.sampler_rng, useful, order)
+        quota = int(self.cfg.max_source_share * self.cfg.local_groups * self.cfg.num_generations)
+        external = self.pool.take(self.cfg.external_groups, self.cfg.sampling, self.sampler_rng, useful, order, quota)
         stats = self.trainer.step(local + external)
         if stats.get("alignment"):
             self.credit.observe(stats["alignment"], {g.source_peer: g.source_model for g in external})
@@ -304,6 +305,7 @@ class Node:
         traffic = self.exchange.stats() if self.exchange is not None else {}
         reputation = self.exchange.reputation_summary() if self.exchange is not None else {}
         trained = int(stats.get("n_groups", 0))
+        influence = self._influence(external)
         record = RoundRecord(
             time=self.clock(),
             peer=self.peer_id,
@@ -318,6 +320,9 @@ class Node:
             fetch_failed=collected.fetch_failed,
             reward_mismatches=collected.mismatches,
             external_peers=dict(Counter(g.source_peer for g in external)),
+            source_rows=influence[0],
+            source_adv=influence[1],
+            trimmed_completions=collected.trimmed,
             batches_from=collected.from_peers,
             dropped_zero_adv=dropped,
             too_long_skipped=int(stats.get("n_too_long", 0)),
@@ -349,6 +354,17 @@ class Node:
         assert self.metrics is not None
         self.metrics.write(RoundRecord.EVENT, **record.to_event())
         return record
+
+    def _influence(self, external: list[TrainGroup]) -> tuple[dict[str, int], dict[str, float]]:
+        """Each peer's rows and sum of absolute advantages in this step (groups with a signal: the trained ones)."""
+        rows: dict[str, int] = {}
+        mass: dict[str, float] = {}
+        for g in external:
+            if self.trainer.has_signal(g):
+                rows[g.source_peer] = rows.get(g.source_peer, 0) + len(g.completions)
+                total = sum(abs(a) for a in self.trainer.advantages(g))
+                mass[g.source_peer] = round(mass.get(g.source_peer, 0.0) + total, 4)
+        return rows, mass
 
     def _credit_order(self, groups: list[TrainGroup]) -> list[int]:
         """The ``credit`` policy's ranking of groups with signal (see :mod:`node.core.credit`)."""
@@ -471,4 +487,5 @@ class Node:
             context_tokens=self.policy.max_length,
             completion_tokens=self.policy.count_completion_tokens,
             prompt_tokens=self.policy.count_prompt_tokens,
+            max_completions=self.cfg.num_generations,
         )

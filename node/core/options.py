@@ -100,6 +100,11 @@ class NodeOptions:
         "taught this node)",
         inherit=True,
     )
+    max_source_share: float = option(
+        0.5, "most rows one peer may supply to a training step, as a share of this node's own rows (I x G); with "
+        "each peer group cut to G completions and its mean |advantage| at most 1, it bounds that peer's share of "
+        "the step's advantage mass too", inherit=True,
+    )  # fmt: skip
     external_min_logp: float | None = option(
         None, "likelihood filter: drop a peer's completion whose mean token log-prob here is below this (e.g. -5)",
         group=OFFPOLICY, inherit=True,

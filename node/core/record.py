@@ -32,7 +32,8 @@ class Collected:
     """What one round's collect step brought: rejections by reason, mismatches, failures, batches per peer.
 
     ``tallies`` is keyed by full peer id; ``task_builds`` counts expensive task
-    regenerations (new reasoning-gym datasets) that peers' groups caused;
+    regenerations (new reasoning-gym datasets) that peers' groups caused; ``trimmed``
+    the completions cut from groups larger than this node's own G;
     ``ingest_s`` is the time spent re-verifying; ``collect_s`` how long the
     network took to collect them, ``descriptors_seen`` how many descriptors its
     DHT reads returned, ``external_age_s`` the median age of the accepted
@@ -47,6 +48,7 @@ class Collected:
     from_peers: dict[str, int] = field(default_factory=dict)
     tallies: dict[str, PublisherTally] = field(default_factory=dict)
     task_builds: int = 0
+    trimmed: int = 0
     ingest_s: float = 0.0
     collect_s: float | None = None
     descriptors_seen: int | None = None
@@ -70,6 +72,9 @@ class RoundRecord:
     fetch_failed: int
     reward_mismatches: int
     external_peers: dict[str, int]
+    source_rows: dict[str, int]
+    source_adv: dict[str, float]
+    trimmed_completions: int
     batches_from: dict[str, int]
     dropped_zero_adv: int
     too_long_skipped: int

@@ -22,12 +22,13 @@ everything here is pure.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from node.tasks.base import TaskFamily
 from node.tasks.reasons import RejectReason
-from protocol.schema import TaskRef
+from protocol.schema import RolloutGroup, TaskRef
 
 Refusal = tuple[RejectReason, str]
 """A reason and a detail for the log."""
@@ -53,6 +54,10 @@ class Acceptance:
     context_tokens: int | None
     completion_tokens: Callable[[str], int]
     prompt_tokens: Callable[[str], int]
+    max_completions: int | None = None
+    """Most completions taken from one peer group (this node's own G); the rest are cut, never
+    looked at. None: all. A publisher's weight in a step grows with its rows, so a group of 64
+    identical completions must count no more than one this node would have generated."""
 
     def __post_init__(self) -> None:
         if not self.families:
@@ -61,6 +66,8 @@ class Acceptance:
             raise ValueError(f"max_completion_tokens={self.max_completion_tokens}; use the generation budget (>= 1)")
         if self.max_token_chars < 1:
             raise ValueError(f"max_token_chars={self.max_token_chars}; use the tokenizer's longest token (>= 1)")
+        if self.max_completions is not None and self.max_completions < 1:
+            raise ValueError(f"max_completions={self.max_completions}; use the node's own G (>= 1) or None")
         if self.context_tokens is not None and self.context_tokens < 2:
             raise ValueError(f"context_tokens={self.context_tokens}; use the model's positions (>= 2) or None")
 
@@ -68,6 +75,21 @@ class Acceptance:
     def max_completion_chars(self) -> int:
         """The longest completion, in characters, that could be within the token budget."""
         return self.max_completion_tokens * self.max_token_chars
+
+    def trim(self, group: RolloutGroup) -> tuple[RolloutGroup, int]:
+        """``group`` with at most ``max_completions`` completions (its first ones), and how many were cut.
+
+        The first ones: an honest publisher's completions are independent samples, so any subset
+        is as good as another, and a dishonest one chooses all of them anyway.
+        """
+        keep = self.max_completions
+        if keep is None or len(group.completions) <= keep or len(group.completions) != len(group.rewards):
+            return group, 0  # a bad shape is refused by check_shape, whole
+        logprobs = group.logprobs[:keep] if group.logprobs is not None else None
+        cut = dataclasses.replace(
+            group, completions=group.completions[:keep], rewards=group.rewards[:keep], logprobs=logprobs
+        )
+        return cut, len(group.completions) - keep
 
     def check_task(self, ref: TaskRef) -> Refusal | None:
         """Refuse a family this node does not train on, or a config (or digest) other than its own."""

@@ -12,6 +12,7 @@ here is pure.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,6 +84,8 @@ class Verdict:
     reward_mismatches: int = 0
     detail: str = ""
     built: bool = False
+    trimmed: int = 0
+    """Completions past the node's own G that were cut before anything else (see Acceptance.trim)."""
 
     @property
     def ok(self) -> bool:
@@ -122,7 +125,16 @@ def verify_external(
     regenerated one and a group whose completions and rewards differ in number
     are refused (``Verdict.group`` is None, ``reason`` says why). Otherwise the
     verdict holds a train group with *local* rewards and the mismatch count.
+    Completions past the node's own G are cut first (``Verdict.trimmed``).
     """
+    trimmed = 0
+    if accept is not None:
+        group, trimmed = accept.trim(group)
+    verdict = _verify(group, accept, source_peer, may_build)
+    return dataclasses.replace(verdict, trimmed=trimmed) if trimmed else verdict
+
+
+def _verify(group: RolloutGroup, accept: Acceptance | None, source_peer: str, may_build: bool) -> Verdict:
     found = _regenerate(group, accept, may_build)
     if isinstance(found, Verdict):
         return found

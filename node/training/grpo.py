@@ -105,6 +105,18 @@ def group_advantages(rewards: Sequence[float], scale: bool = True) -> list[float
     return [c / (std + 1e-4) for c in centred]
 
 
+def bounded_mass(advantages: Sequence[float], most: float = 1.0) -> list[float]:
+    """``advantages`` scaled down, if need be, so that their mean absolute value is at most ``most``.
+
+    >>> bounded_mass([2.0, 2.0])
+    [1.0, 1.0]
+    >>> bounded_mass([0.5, -0.5])
+    [0.5, -0.5]
+    """
+    mass = sum(abs(a) for a in advantages) / max(len(advantages), 1)
+    return list(advantages) if mass <= most else [a * most / mass for a in advantages]
+
+
 def drop_zero_advantage(groups: Sequence[TrainGroup]) -> tuple[list[TrainGroup], int]:
     """Keep the groups whose rewards are not all equal; they alone carry a GRPO signal."""
     kept = [g for g in groups if max(g.rewards) - min(g.rewards) > 1e-9]
@@ -224,10 +236,15 @@ class GRPOTrainer:
             self._ref = Policy(ref_model, policy.tokenizer, policy.model_id, str(policy.device))
 
     def advantages(self, group: TrainGroup) -> list[float]:
-        """The group's advantages: group-normalised, or against this node's expected reward (external, receiver)."""
+        """The group's advantages: group-normalised, or against this node's expected reward (external, receiver).
+
+        An external group's mean absolute advantage is at most 1, what a group-normalised group of this
+        node's own can reach (its mean absolute deviation is at most its std): a peer's group moves the
+        policy no more per completion than one of its own, whatever the baseline makes of it.
+        """
         base = self.baseline.get(group.task_family)
         if group.external and self.offpolicy.baseline == "receiver" and base is not None:
-            return receiver_advantages(group.rewards, base, self.offpolicy.min_scale)
+            return bounded_mass(receiver_advantages(group.rewards, base, self.offpolicy.min_scale))
         return group_advantages(group.rewards, self.cfg.scale_rewards)
 
     def has_signal(self, group: TrainGroup) -> bool:

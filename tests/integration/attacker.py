@@ -18,7 +18,10 @@ need not), and for ``--duration`` seconds keeps running the chosen attacks
   honest nodes' own tasks, with 1,000-character completions), ``foreign``
   (64 groups of a reasoning-gym family the honest nodes do not train on,
   distinct seeds), ``slow`` (serves at 256 B/s), ``silent`` (accepts the
-  stream, never answers), ``digest`` (serves bytes that do not match).
+  stream, never answers), ``digest`` (serves bytes that do not match),
+  ``amplify`` (valid groups of the honest nodes' own task, each with the
+  protocol's 64 completions, all right: the most rows and advantage one
+  publisher can claim).
 
 What it did is written as JSON to ``DIR/attacker.json`` (counts per attack),
 refreshed every cycle. SIGTERM ends it.
@@ -48,7 +51,7 @@ from swarm.exchange import window_key
 from swarm.identity import Identity, encode_key_file
 from swarm.membership import Membership, MembershipConfig
 
-PUBLISHERS = ("long", "foreign", "slow", "silent", "digest")
+PUBLISHERS = ("long", "foreign", "slow", "silent", "digest", "amplify")
 WINDOW_S = 30.0  # the swarm's default ExchangeConfig.window_s
 FOREIGN_FAMILY = "rg:basic_arithmetic"  # honest nodes in the tests train on the built-in tiny tasks only
 HONEST_FAMILY = "max"
@@ -121,12 +124,17 @@ class Publisher:
         items = [family.item(seed=random.randrange(2**40), index=0) for _ in range(4)]
 
         def completions(answer: str) -> tuple[str, ...]:
+            if self.mode == "amplify":
+                return (answer,) * 64
             if self.mode != "long":
                 return (answer,) * 4
             # one right answer among long wrong ones: the group has signal, so a receiver trains on it
             return (answer, "9" * 1000, "8" * 1000, "7" * 1000)
 
-        return tuple(RolloutGroup(i.ref, i.prompt, completions(i.answer), (0.0,) * 4, "tiny-s") for i in items)
+        return tuple(
+            RolloutGroup(i.ref, i.prompt, completions(i.answer), (0.0,) * len(completions(i.answer)), "tiny-s")
+            for i in items
+        )
 
     def publish(self) -> None:
         self.round += 1

@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 # 12 new tokens: rounds that do some local work (tens of ms), so what is measured is what the network costs a
 # round that has work of its own, as every real model's does
 COMMON = ("--rounds", "0", "--local", "2", "--external", "4", "--generations", "4", "--max-new-tokens", "12", "--seed")
+QUOTA = 4  # rows one peer may supply to a step: the default --max-source-share 0.5 x I (2) x G (4)
 WARMUP_ROUNDS = 3  # first rounds: imports, first connections
 ATTACK_S = 75.0  # more than two 30 s DHT windows: flood and replay are refreshed into each
 
@@ -95,6 +96,10 @@ class Figures:
     # median seconds per phase, before -> under the attack: what a slower round spent its time on
     phases: dict[str, tuple[float, float]]
     rss_growth_mb: float = 0.0
+    # the amplifier's most rows and advantage mass in one step, and the completions cut from its groups
+    amplifier_rows: int = 0
+    amplifier_adv: float = 0.0
+    amplifier_trimmed: int = 0
 
     @classmethod
     def of(cls, n: NodeProc, base: list[dict[str, Any]], hit: list[dict[str, Any]], honest: set[str]) -> Figures:
@@ -178,8 +183,13 @@ def test_honest_swarm_holds_against_every_attack_at_once(swarm: Swarm) -> None:
         n.name: Figures.of(n, rounds_between(n, t_base0, t_attack), rounds_between(n, t_joined, t_end), honest)
         for n in nodes
     }
+    amplifier = json.loads((out / "attacker-ids.json").read_text())["amplify"]
     for n in nodes:
-        figures[n.name].rss_growth_mb = (rss_after[n.name] - rss_before[n.name]) / 2**20
+        f, hit = figures[n.name], rounds_between(n, t_joined, t_end)
+        f.rss_growth_mb = (rss_after[n.name] - rss_before[n.name]) / 2**20
+        f.amplifier_rows = max(r["source_rows"].get(amplifier, 0) for r in hit)
+        f.amplifier_adv = max(r["source_adv"].get(amplifier, 0.0) for r in hit)
+        f.amplifier_trimmed = sum(r["trimmed_completions"] for r in hit)
     print(json.dumps({"attacker": report, "nodes": {k: asdict(v) for k, v in figures.items()}}, indent=1))
     assert report["flood_sent"] > 0 and report["replay_sent"] > 0 and report["garbage_sent"] >= 40
     for name, f in figures.items():
@@ -203,6 +213,10 @@ def test_honest_swarm_holds_against_every_attack_at_once(swarm: Swarm) -> None:
         # and collect (--wait-network): 0.06-0.09 -> 0.33-0.43 s per round, share_s several times generate_s.
         net, own = f.phases["share_s"][1], f.phases["generate_s"][1]
         assert net <= own, f"{name}: median {net:.3f}s on the network per round under attack, {own:.3f}s generating"
+        # the amplifier's 64-completion groups: cut to G (4), and at most 0.5 x I x G = 4 rows and as much
+        # advantage mass per step (--max-source-share)
+        assert f.amplifier_trimmed > 0, f"{name}: never ingested the amplifier's groups"
+        assert f.amplifier_rows <= QUOTA and f.amplifier_adv <= QUOTA + 1e-6, f"{name}: {f}"
         for reason in ("completion over generation budget", "family not trained here", "digest mismatch"):
             assert f.rejected.get(reason, 0) > 0, f"{name}: no refusal for {reason!r}: {f.rejected}"
         assert f.rss_growth_mb < 100, f"{name}: process tree grew {f.rss_growth_mb:.0f} MB"

@@ -208,3 +208,19 @@ def test_only_faults_an_honest_peer_cannot_cause_count_against_a_peer() -> None:
 def test_a_bad_policy_names_the_fix(field: str, value: Any, fix: str) -> None:
     with pytest.raises(ValueError, match=fix):
         dataclasses.replace(policy(), **{field: value})
+
+
+def test_a_group_larger_than_the_nodes_own_is_cut_to_g_before_it_is_tokenised() -> None:
+    tokens = Tokens()
+    accept = dataclasses.replace(policy(tokens=tokens), max_completions=4)
+    item = MAX.item(seed=3, index=0)
+    big = dataclasses.replace(rollout_group(item, [item.answer] * 64, [1.0] * 64, "m"), logprobs=(-1.0,) * 64)
+    verdict = verify_external(big, accept)
+    assert verdict.group is not None and verdict.trimmed == 60
+    assert len(verdict.group.completions) == len(verdict.group.rewards) == 4
+    assert verdict.group.behaviour_logprobs is not None and len(verdict.group.behaviour_logprobs) == 4
+    assert tokens.calls <= 1 + 4  # the prompt and the kept completions only
+    small = rollout_group(item, [item.answer] * 3, [1.0] * 3, "m")
+    assert verify_external(small, accept).trimmed == 0
+    with pytest.raises(ValueError, match="max_completions"):
+        dataclasses.replace(accept, max_completions=0)

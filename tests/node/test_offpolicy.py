@@ -158,7 +158,8 @@ def test_receiver_baseline_gives_an_all_correct_peer_group_signal() -> None:
     assert not trainer.has_signal(peer_all_right)  # no local reward seen yet: the group mean, no signal
     stats = trainer.step([group([0.0, 0.0], ["1", "2"]), peer_all_right])  # this node failed its own group
     assert trainer.baseline.get("max") == 0.0
-    assert trainer.has_signal(peer_all_right) and trainer.advantages(peer_all_right) == pytest.approx([2.0, 2.0])
+    # (1 - 0) / min_scale 0.5 = 2 each, scaled to a mean |a| of 1: no more than a group of its own can reach
+    assert trainer.has_signal(peer_all_right) and trainer.advantages(peer_all_right) == pytest.approx([1.0, 1.0])
     assert stats["n_groups"] == 1 and stats["n_dropped"] == 1  # its own all-wrong group has none
     assert not GRPOTrainer(p, offpolicy=OffPolicyConfig(baseline="group")).has_signal(peer_all_right)  # plain GRPO
     local_all_right = group([1.0, 1.0], ["7", "7"])

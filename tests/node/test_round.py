@@ -296,7 +296,7 @@ def test_collect_counts_every_rejection_mismatch_and_failure(
     make_node: NodeMaker, clock: FakeClock, tmp_path: Path
 ) -> None:
     h = Harness()
-    node = make_node(h, external_groups=3)
+    node = make_node(h, external_groups=3, max_source_share=1.0)  # one peer may fill all 3 slots here
     p1, p2, p3, p4 = peer_ids(tmp_path, 4)
     wrong_prompt = dataclasses.replace(informative(3), prompt="max 0000=")
     assert wrong_prompt.prompt != MAX.item(77, 3).prompt
@@ -370,7 +370,8 @@ def test_isolated_node_never_collects(make_node: NodeMaker, tmp_path: Path) -> N
 def test_zero_advantage_groups_are_dropped(make_node: NodeMaker, tmp_path: Path) -> None:
     h = Harness()
     # GRPO's group baseline for peers' groups too (the receiver baseline gives an all-wrong one a signal)
-    node = make_node(h, NodeParts(offpolicy=OffPolicyConfig(baseline="group")), external_groups=3)
+    parts = NodeParts(offpolicy=OffPolicyConfig(baseline="group"))
+    node = make_node(h, parts, external_groups=3, max_source_share=1.0)  # one peer may fill all 3 slots here
     p1, p2 = peer_ids(tmp_path, 2)
     h.exchange.queued.append(
         CollectResult([accepted(p1, [zero_adv(1), informative(2)]), accepted(p2, [zero_adv(3)])], [], 2, 0.0)
@@ -397,7 +398,7 @@ def test_only_zero_advantage_groups_train_nothing(
 ) -> None:
     """Local completions all wrong and external groups flat: no step, weights unchanged, loss null."""
     h = Harness()
-    node = make_node(h)
+    node = make_node(h, max_source_share=1.0)  # both of p1's groups in one step
     (p1,) = peer_ids(tmp_path, 1)
     monkeypatch.setattr(node.policy, "generate", lambda prompts, n, cfg, seed=None: [["#"] * n for _ in prompts])
     h.exchange.queued.append(CollectResult([accepted(p1, [zero_adv(1), zero_adv(2)])], [], 1, 0.0))
@@ -410,6 +411,33 @@ def test_only_zero_advantage_groups_train_nothing(
     assert digest(node) == before
     (event,) = metric_events(node, "round")
     assert event["loss"] is None and event["trained_groups"] == 0
+
+
+def test_one_peer_supplies_at_most_its_share_of_a_step_however_much_it_sends(
+    make_node: NodeMaker, tmp_path: Path
+) -> None:
+    """An amplifier sends groups of 64 identical right answers (the protocol allows 64, the node generates 4):
+    each is cut to the node's G, its advantages to a mean |a| of 1, and it supplies at most
+    max_source_share x I x G rows (and so that much advantage mass) to a step; an honest peer still gets in."""
+    h = Harness()
+    node = make_node(h, external_groups=4, max_source_share=0.5)  # quota 0.5 x 2 x 4 = 4 rows
+    amp, honest = peer_ids(tmp_path, 2)
+    loud = [group(i, ["ANSWER"] * 64) for i in range(4)]
+    h.exchange.queued.append(CollectResult([accepted(amp, loud), accepted(honest, [informative(9)])], [], 2, 0.0))
+    node.run_round()  # the first round sets the receiver baseline from the node's own groups
+    h.exchange.queued.append(
+        CollectResult([accepted(amp, [group(i, ["ANSWER"] * 64) for i in range(4, 8)])], [], 1, 0.0)
+    )
+
+    records = [node.run_round() for _ in range(3)]
+
+    first = metric_events(node, "round")[0]
+    assert first["trimmed_completions"] == 4 * 60
+    for r in records:
+        assert r is not None
+        assert r.source_rows.get(amp, 0) <= 4 and r.source_adv.get(amp, 0.0) <= 4.0 + 1e-6, r
+    assert sum(r is not None and r.source_rows.get(amp, 0) > 0 for r in records) >= 2  # it did get its share
+    assert first["external_peers"].get(honest) == 1
 
 
 # ---- 4b. containment: hostile batches -----------------------------------------------------

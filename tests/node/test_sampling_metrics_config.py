@@ -44,6 +44,20 @@ def test_pool_uses_each_group_once_and_drops_oldest() -> None:
     assert len(pool) == 0
 
 
+def test_one_source_gets_its_quota_of_rows_and_its_other_groups_wait() -> None:
+    def sg(source: str, n: int) -> SimpleNamespace:
+        return SimpleNamespace(rewards=(0.0, 1.0) * (n // 2), source_peer=source, completions=("c",) * n)
+
+    pool: ExternalPool[SimpleNamespace] = ExternalPool(capacity=16)
+    loud, quiet = [sg("loud", 4) for _ in range(6)], [sg("quiet", 4), sg("other", 4)]
+    pool.add(loud + quiet)
+    taken = pool.take(4, "uniform", random.Random(0), quota=8)
+    assert sum(t.source_peer == "loud" for t in taken) == 2  # 8 rows of its 24
+    assert {t.source_peer for t in taken} == {"loud", "quiet", "other"} and len(taken) == 4
+    assert len(pool) == 4  # the loud source's other groups stay for later steps
+    assert [t.source_peer for t in pool.take(4, "uniform", random.Random(0), quota=8)] == ["loud"] * 2
+
+
 def test_unknown_policy_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="uniform"):
         choose([], 1, "best", random.Random(0))
