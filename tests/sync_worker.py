@@ -62,7 +62,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--linger", type=float, default=30.0, help="keep serving state this long after training")
     p.add_argument("--fault", action="append", default=[], help="PHASE:REVISION:ACTION (stop|drop)")
     p.add_argument("--aggregator", default="mean")
-    p.add_argument("--poison", default="", choices=["", "huge", "noise", "liar"], help="be a hostile member")
+    p.add_argument("--poison", default="", choices=["", "huge", "noise", "liar", "veto"], help="be a hostile member")
     p.add_argument("--dump", action="store_true", help="add own pseudo-gradient and applied average to reports")
     p.add_argument("--eager", action="store_true", help="sync beside training through SyncRunner")
     p.add_argument("--period", type=float, default=0.0, help="sync_period_s: sync on wall-time epochs")
@@ -129,6 +129,15 @@ def _be_hostile() -> None:
         return Reduced(_garbage("noise", n, n), {})
 
     allreduce.reduce_slice = lying_reduce  # type: ignore[attr-defined]
+
+
+def _always_veto(sync: Any) -> None:
+    """Make this member vote abort in every round it joins, whatever its average (the records are its own)."""
+    from swarm.sync.records import ABORT_DIGEST
+
+    records = sync._records
+    honest = records.vote
+    records.vote = lambda plan, _digest: honest(plan, ABORT_DIGEST)
 
 
 def _claim_steps(sync: Any, steps: int) -> None:
@@ -324,6 +333,8 @@ def main(argv: list[str]) -> int:
     leave.append(sync)
     if args.poison == "liar":
         _be_hostile()
+    if args.poison == "veto":
+        _always_veto(sync)
     if args.claim_steps:
         _claim_steps(sync, args.claim_steps)
     out.write(

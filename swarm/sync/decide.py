@@ -173,10 +173,14 @@ def missing_votes(digests_by_peer: Mapping[str, str], members: Sequence[str], me
 
 
 class CommitDecision(NamedTuple):
-    """``commit`` is True (apply), False (discard) or None (not decided yet: keep polling)."""
+    """``commit`` is True (apply), False (discard) or None (not decided yet: keep polling).
+
+    ``vetoers``: the members whose abort vote alone ended the round (see :mod:`swarm.sync.vetoes`).
+    """
 
     commit: bool | None
     reason: str
+    vetoers: tuple[str, ...] = ()
 
 
 def decide_commit(
@@ -190,9 +194,9 @@ def decide_commit(
     member's committing read is visible to every other member's last read.
 
     >>> decide_commit({"a": "x" * 64, "b": "x" * 64}, ["a", "b"], now=1.0, deadline=2.0)
-    CommitDecision(commit=True, reason='committed')
+    CommitDecision(commit=True, reason='committed', vetoers=())
     >>> decide_commit({"a": "x" * 64}, ["a", "b"], now=2.5, deadline=2.0)
-    CommitDecision(commit=False, reason='commit timeout')
+    CommitDecision(commit=False, reason='commit timeout', vetoers=())
     """
     votes = {p: d for p, d in digests_by_peer.items() if p in members}
     if ABORT_DIGEST in votes.values():

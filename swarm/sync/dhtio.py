@@ -48,6 +48,7 @@ from swarm.sync.records import (
     state_key,
     vote_key,
 )
+from swarm.sync.vetoes import vetoers
 
 logger = logging.getLogger(__name__)
 
@@ -311,6 +312,8 @@ class SyncRecords:
             start = self._clock()
             votes = {p: r.digest for p, r in self.read_votes(plan).items()}
             verdict = decide_commit(votes, plan.members, start, deadline)
+            if verdict.commit is False:
+                return verdict._replace(vetoers=vetoers(votes, plan.members, self.me))
             if verdict.commit is not None:
                 return verdict
             if prober is not None and start >= probe_at:

@@ -83,10 +83,11 @@ from swarm.sync.records import ABORT_DIGEST
 from swarm.sync.robust import Suspicion, distance
 from swarm.sync.schedule import Schedule
 from swarm.sync.tensors import flatten, load_flat, state_hash
+from swarm.sync.vetoes import VetoTally
 
 logger = logging.getLogger(__name__)
 
-BANNED_FOR = (Suspicion.REDUCED_NOT_FINITE, Suspicion.REDUCED_TOO_LARGE, Suspicion.GARBAGE_PART)
+BANNED_FOR = (Suspicion.REDUCED_NOT_FINITE, Suspicion.REDUCED_TOO_LARGE, Suspicion.GARBAGE_PART, Suspicion.VETOED)
 """Suspicions that leave a member out of sync groups for ``suspect_ban_s``. A merely clipped part is
 not among them: clipping bounds it already, and an honest member near the bound may be clipped by
 one reducer only, and a ban on one side only splits the group."""
@@ -150,6 +151,7 @@ class OuterSync:
             self.peer_id, self._records, self._fetch_state, cfg, bootstrap, self._log, clock, self._prober.check
         )
         self._group: tuple[int, tuple[str, ...]] = (-1, ())
+        self._vetoes = VetoTally()
         self._records.publish_state(self._snap.revision, self._snap.state_hash)
         self._log(logging.INFO, "outer sync ready: fingerprint %s, %d parameters", self.fingerprint, anchor.numel())
 
@@ -392,6 +394,10 @@ class OuterSync:
             # have counted it, so they abort; committing on its own reads would apply the round alone
             self._records.vote(plan, ABORT_DIGEST)
             verdict = CommitDecision(False, AbortCause.SHUTTING_DOWN.value)
+        # a member that keeps aborting rounds the others would commit joins the suspects (swarm.sync.vetoes)
+        vetoed = verdict.vetoers if verdict.commit is False else ()
+        for peer in self._vetoes.observe(plan.members, self.peer_id, vetoed) if verdict.commit is not None else ():
+            got.suspects[peer] = Suspicion.VETOED
         if not verdict.commit:
             self._log(logging.WARNING, "not committed: %s; keeping local weights", verdict.reason)
             self._catchup.undecided(new.revision)  # voted for it: another member may have committed it

@@ -44,6 +44,7 @@ class Suspicion(enum.Enum):
     REDUCED_TOO_LARGE = "reduced slice too large"
     STEP_NOT_FINITE = "outer step not finite"
     STEP_TOO_LARGE = "outer step too large"
+    VETOED = "kept aborting rounds the others would commit"
 
 
 @dataclass(frozen=True)
