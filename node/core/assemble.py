@@ -28,6 +28,10 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
     """
     if not 0 <= opts.min_generate <= 3600:
         raise ValueError(f"--min-generate {opts.min_generate:g}: use seconds in [0, 3600] (0: off), e.g. 20")
+    if not 0 < opts.max_source_share <= 16:
+        raise ValueError(
+            f"--max-source-share {opts.max_source_share:g}: use a share of the node's own rows in (0, 16], e.g. 0.5"
+        )
     rec = recommended_defaults(opts.model)
     cfg = NodeConfig(
         model=opts.model, tasks=tuple(opts.task) or rec.tasks, accept_tasks=tuple(opts.accept_task), seed=opts.seed,

@@ -273,7 +273,8 @@ class CatchUpper:
         live one (chaos runs). It cannot follow strangers (the trust rule), so it
         pauses its sync instead: it trains on, and a restart with a live
         ``--peer`` (or a trusted peer coming back) rejoins it. Keys minted to
-        claim later states cannot cause this: it needs every trusted peer gone.
+        claim later states cannot cause this: it needs every trusted peer silent,
+        whether or not its record is still in the DHT (the 64 most recent are pinged).
         A node that trusts no one yet (the first node of a swarm) is no orphan.
         Costs one ping round (bounded by ``ping_timeout_s``), only when strangers are ahead.
         """
@@ -284,7 +285,9 @@ class CatchUpper:
         ahead = sorted((p for p, r in states.items() if p not in trusted and r.revision > snap.revision))[:16]
         if not ahead:
             return False
-        friends = sorted(p for p in trusted if p in states)[:64]
+        # every trusted peer, not only those with a record: a flood of records can evict theirs from the
+        # DHT's storage while they live on, and a stranger's claim alone must not pause this node
+        friends = list(dict.fromkeys([*reversed(self._partners), *sorted(self.bootstrap)]))[:64]
         answered = self._alive([*friends, *ahead], self._cfg.ping_timeout_s)
         if answered & set(friends) or not answered & set(ahead):
             return False

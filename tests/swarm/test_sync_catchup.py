@@ -447,6 +447,8 @@ def test_a_node_whose_every_trusted_peer_is_gone_pauses_rather_than_split_the_hi
     assert not orphaned(frozenset({"b"}), {"b", "x"})  # a trusted peer answers: the trust rule decides as usual
     assert not orphaned(frozenset({"b"}), set())  # the stranger's record outlived it: nobody live is ahead
     assert not orphaned(frozenset(), {"x"})  # the first node of a swarm trusts no one yet: no orphan
+    # a flood evicted the record of its live partner c: c still answers, so no stranger's claim pauses it
+    assert not orphaned(frozenset({"c"}), {"c", "x"})
 
 
 def test_a_newcomer_waits_for_its_bootstrap_peers_state_however_long_no_donor_serves_it() -> None:
