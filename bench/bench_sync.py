@@ -36,6 +36,7 @@ the model, the sync's state (anchor, momentum) and every round's buffers.
 Usage::
 
     .venv/bin/python bench/bench_sync.py --sizes 1,10,50 --rounds-per 2 [--only ours,hivemind,mesh] [--keep DIR]
+        [--aggregator RULE]
 
 ``--keep DIR`` leaves every peer's JSON-lines report and log in DIR (a new folder).
 """
@@ -61,6 +62,7 @@ if str(REPO) not in sys.path:
 
 from bench.peer_common import ENCODINGS  # noqa: E402
 from swarm.identity import load_or_create  # noqa: E402
+from swarm.sync import OuterSyncConfig  # noqa: E402
 from tests.procs import PYTHON, Procs, wait_for  # noqa: E402
 
 WORKER = REPO / "tests" / "sync_worker.py"
@@ -77,7 +79,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ours(width: int, rounds_per: int, root: Path, timeout_s: float) -> Records:
+def run_ours(width: int, rounds_per: int, root: Path, timeout_s: float, aggregator: str) -> Records:
     """Run 4 sync peers with a width x width (+ bias) Linear model; return all their records."""
     port = _free_port()
     boot = f"/ip4/127.0.0.1/tcp/{port}/p2p/{load_or_create(root / 'p0.key').peer_id}"
@@ -90,7 +92,7 @@ def run_ours(width: int, rounds_per: int, root: Path, timeout_s: float) -> Recor
             cmd += ["--stop-file", str(root / "stop"), "--arch", f"{width},{width}", "--update-seed", str(i + 1)]
             cmd += ["--steps", str(n_syncs), "--sync-every", "1", "--step-sleep", "0", "--linger", "5"]
             cmd += ["--compression", ",".join(ENCODINGS), "--rounds-per", str(rounds_per)]
-            cmd += ["--timeouts", "1.0,120,15,5,60,15"]
+            cmd += ["--timeouts", "1.0,120,15,5,60,15", "--aggregator", aggregator]
             cmd += ["--port", str(port)] if i == 0 else ["--initial-peer", boot]
             procs.start(f"p{i}", cmd)
         _wait_ready(procs, timeout_s)
@@ -289,7 +291,7 @@ def run_size(millions: float, args: argparse.Namespace, parts: set[str], tmp: Pa
     params = width * width + width
     base: dict[str, dict[str, Any]] = {enc: {"params": params, "enc": enc} for enc in ENCODINGS}
     runs: dict[str, tuple[Callable[[Path], Records], Callable[[Records, int, int], dict[str, dict[str, Any]]]]] = {
-        "ours": (lambda root: run_ours(width, args.rounds_per, root, args.timeout), summarize_ours),
+        "ours": (lambda root: run_ours(width, args.rounds_per, root, args.timeout, args.aggregator), summarize_ours),
         "hivemind": (lambda root: run_hivemind(width, args.rounds_per, root, args.timeout), summarize_hivemind),
         "mesh": (lambda root: run_mesh(params, args.rounds_per, root, args.timeout), summarize_mesh),
     }
@@ -373,6 +375,9 @@ def main() -> int:
     )
     parser.add_argument("--only", default=",".join(PARTS), help="comma list of parts to run: ours,hivemind,mesh")
     parser.add_argument("--keep", default="", help="keep the peers' reports and logs in this folder")
+    parser.add_argument(
+        "--aggregator", default=OuterSyncConfig().aggregator, help="our reducers' rule (default: the node's default)"
+    )
     args = parser.parse_args()
     parts = set(args.only.split(","))
     if not parts <= set(PARTS):

@@ -62,7 +62,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--linger", type=float, default=30.0, help="keep serving state this long after training")
     p.add_argument("--fault", action="append", default=[], help="PHASE:REVISION:ACTION (stop|drop)")
     p.add_argument("--aggregator", default="mean")
-    p.add_argument("--poison", default="", choices=["", "huge", "noise", "liar", "veto"], help="be a hostile member")
+    p.add_argument(
+        "--poison", default="", choices=["", "huge", "noise", "liar", "veto", "flip"], help="be a hostile member"
+    )
+    p.add_argument("--drift", type=float, default=0.0, help="add this x a direction shared by all peers to each step")
     p.add_argument("--dump", action="store_true", help="add own pseudo-gradient and applied average to reports")
     p.add_argument("--eager", action="store_true", help="sync beside training through SyncRunner")
     p.add_argument("--period", type=float, default=0.0, help="sync_period_s: sync on wall-time epochs")
@@ -160,6 +163,14 @@ def _poison_model(sync: Any, model: Any, mode: str, step: int) -> None:
     load_flat(model, anchor - _garbage(mode, anchor.numel(), step))
 
 
+def _flip_model(sync: Any, model: Any) -> None:
+    """Send minus the progress this member shares with the honest ones, just inside the 4x clip bound."""
+    from swarm.sync.tensors import flatten, load_flat
+
+    anchor = sync.state_dict()["anchor"]
+    load_flat(model, anchor + 3.9 * (anchor - flatten(model)))  # pseudo-gradient (anchor - weights) reversed
+
+
 def _wait_file(path: str, timeout: float) -> None:
     """Wait (polling, bounded) for the test's go file: the condition that releases all peers at once."""
     end = time.time() + timeout
@@ -234,8 +245,12 @@ class _Loop:
 
         args = self.args
         gen = torch.Generator().manual_seed(args.update_seed * 100_003 + step)
+        shared = torch.Generator().manual_seed(7)  # one direction for every peer: the progress they share
         with torch.no_grad():
-            updates = [0.01 * torch.randn(p.shape, generator=gen) for p in self.model.parameters()]
+            updates = [
+                0.01 * (torch.randn(p.shape, generator=gen) + args.drift * torch.randn(p.shape, generator=shared))
+                for p in self.model.parameters()
+            ]
             for p, u in zip(self.model.parameters(), updates, strict=True):
                 p.add_(u)
         if self.own_total is not None:
@@ -246,6 +261,8 @@ class _Loop:
             self.cfg.compression = encodings[(step // args.sync_every - 1) // args.rounds_per % len(encodings)]
         if args.poison in ("huge", "noise") and step % args.sync_every == 0:
             _poison_model(self.sync, self.model, args.poison, step)
+        if args.poison == "flip" and step % args.sync_every == 0:
+            _flip_model(self.sync, self.model)
 
     def _boundary(self, step: int) -> None:
         """One step boundary: call the sync, time the call, record which sync started and which was applied."""

@@ -184,9 +184,9 @@ class NodeOptions:
     )
     outer_lr: float = option(0.7, "outer Nesterov SGD learning rate", group=SYNC, inherit=True)
     sync_aggregator: str = option(
-        "mean",
-        "how a reducer combines the (norm-clipped) parts: mean, trimmed_mean, median or centered_clip "
-        "(robust ones from 3 members up)",
+        "centered_clip",
+        "how a reducer combines the (norm-clipped) parts: centered_clip, median, trimmed_mean (robust to one "
+        "member reversing the group's progress, from 3 members up) or mean",
         group=SYNC,
         inherit=True,
     )

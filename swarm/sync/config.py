@@ -86,10 +86,12 @@ class OuterSyncConfig:
         default="none", metadata={"help": "Exchanged tensor encoding: none, fp16 or int8 (per-chunk scale)."}
     )
     aggregator: str = field(
-        default="mean",
+        default="centered_clip",
         metadata={
             "help": "Slice reducer over the (norm-clipped) parts: mean, trimmed_mean, median (coordinate-wise) "
-            "or centered_clip (Karimireddy et al. 2021); the robust rules need 3+ parts, else the mean."
+            "or centered_clip (Karimireddy et al. 2021); the robust rules need 3+ parts, else the mean. "
+            "centered_clip by default: clipping and the step cap bound a member's size, not its direction, "
+            "and under the mean one member sending minus the group's progress at the bound reverses it."
         },
     )
     trim_fraction: float = field(

@@ -199,26 +199,58 @@ def weighted_trimmed_mean(stacked: torch.Tensor, weights: Sequence[float], k: in
     return acc
 
 
-def coordinate_median(stacked: torch.Tensor) -> torch.Tensor:
-    """Coordinate-wise median (the mean of the two middle values for an even count)."""
+def coordinate_median(parts: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    """Coordinate-wise median (the mean of the two middle values for an even count).
+
+    Three and four parts (the usual groups) take a min/max network in numpy, in two buffers of one
+    part's size and ~5x faster than a sort on this CPU; more parts are stacked and sorted by torch.
+
+    >>> coordinate_median(torch.tensor([[0.0, 5.0], [2.0, 1.0], [9.0, 3.0], [4.0, 4.0]]))
+    tensor([3.0000, 3.5000])
+    """
+    k = len(parts)
+    if k in (3, 4):
+        rows = [as_array(r) for r in parts]
+        lo, hi = np.minimum(rows[0], rows[1]), np.maximum(rows[0], rows[1])
+        if k == 3:  # the median of three: max(min(a, b), min(max(a, b), c))
+            return torch.from_numpy(np.maximum(lo, np.minimum(hi, rows[2], out=hi), out=lo))
+        # the middle two of four: the larger of the two pairs' minima and the smaller of their maxima
+        np.maximum(lo, np.minimum(rows[2], rows[3], out=hi), out=lo)
+        np.minimum(np.maximum(rows[0], rows[1], out=hi), np.maximum(rows[2], rows[3]), out=hi)
+        np.add(lo, hi, out=lo)
+        return torch.from_numpy(np.multiply(lo, np.float32(0.5), out=lo))
+    stacked = parts if isinstance(parts, torch.Tensor) else torch.stack(list(parts))
     ordered = stacked.sort(dim=0).values
-    k = ordered.shape[0]
     if k % 2:
         return ordered[k // 2].clone()
     return (ordered[k // 2 - 1] + ordered[k // 2]) * torch.tensor(0.5, dtype=torch.float32)
 
 
-def centered_clip(stacked: torch.Tensor) -> torch.Tensor:
-    """v <- v + mean_i clip(x_i - v, tau), from the coordinate-wise median; tau = median distance."""
-    v = coordinate_median(stacked)
-    dists = sorted(norm(x - v) for x in stacked)
+def centered_clip(parts: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    """v <- v + mean_i clip(x_i - v, tau), from the coordinate-wise median; tau = median distance.
+
+    In numpy, two passes per part and iteration: the distance ``|x_i - v|`` (block-wise, no
+    temporary) and ``acc += s_i x_i``; then ``v <- v + (acc - (sum_i s_i) v) / k``, with ``s_i`` the
+    clip scale (1 inside tau), which is ``mean_i s_i (x_i - v)``. Three buffers of one part's size.
+    """
+    rows = [as_array(x) for x in parts]
+    median = coordinate_median(parts)  # a fresh tensor: updated in place below
+    v = median.numpy() if len(rows) in (3, 4) else as_array(median).copy()
+    term, acc = np.empty_like(v), np.empty_like(v)
+    dists = sorted(_norm(r, v) for r in rows)
     tau = dists[len(dists) // 2]
+    k = np.float32(len(rows))
     for _ in range(CENTERED_CLIP_ITERS):
-        acc = torch.zeros_like(v)
-        for x in stacked:
-            acc += clip_to(x - v, tau)
-        v = v + acc / float(stacked.shape[0])
-    return v
+        acc.fill(0.0)
+        total = 0.0
+        for r in rows:
+            d = _norm(r, v)
+            scale = 1.0 if d <= tau else tau / d
+            total += scale
+            np.add(acc, np.multiply(r, np.float32(scale), out=term), out=acc)
+        np.subtract(acc, np.multiply(v, np.float32(total), out=term), out=acc)
+        np.add(v, np.divide(acc, k, out=acc), out=v)
+    return torch.from_numpy(v)
 
 
 def aggregate(
@@ -238,11 +270,11 @@ def aggregate(
         return torch.zeros(n, dtype=torch.float32)
     w = [1.0] * len(parts) if weights is None else list(weights)
     if len(parts) >= 3 and rule != "mean":
-        stacked = torch.stack(list(parts))
         if rule == "median":
-            return coordinate_median(stacked)
+            return coordinate_median(parts)
         if rule == "centered_clip":
-            return centered_clip(stacked)
+            return centered_clip(parts)
+        stacked = torch.stack(list(parts))
         k = min(int(len(parts) * trim_fraction), (len(parts) - 1) // 2)
         if k > 0:
             if len(set(w)) <= 1:

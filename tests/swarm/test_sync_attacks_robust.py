@@ -18,6 +18,7 @@ import math
 import pytest
 import torch
 
+from swarm.sync import OuterSyncConfig
 from tests.faults import FaultSwarm, Peer, Record, final_state, hashes_by_revision
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
@@ -131,3 +132,36 @@ def test_a_member_that_always_votes_abort_is_left_out_after_three_vetoes(fault_s
         assert all(trusted is False for trusted in m_is_partner(p, attacker)), "a vetoer became a partner"
     assert all(len(h) == 1 for h in hashes_by_revision([a, b]).values())
     assert not any(r["committed"] for r in m.syncs()), m.syncs()
+
+
+def _cosines(a: Peer, b: Peer) -> list[float]:
+    """For each round both honest peers committed: cosine of the applied average with the honest mean."""
+    out = []
+    for ra, rb in zip(a.syncs(), b.syncs(), strict=True):
+        if ra["committed"] and rb["committed"]:
+            honest = torch.tensor(ra["pseudo"], dtype=torch.float64) + torch.tensor(rb["pseudo"], dtype=torch.float64)
+            applied = torch.tensor(ra["applied"], dtype=torch.float64)
+            out.append(float(torch.nn.functional.cosine_similarity(applied, honest, dim=0)))
+    return out
+
+
+def test_a_sign_flip_at_the_clip_bound_does_not_reverse_the_default_aggregate(fault_swarm: FaultSwarm) -> None:
+    """m sends minus the progress it shares with a and b, just inside the clip bound, claiming the most steps:
+    under the default aggregator every committed average still points with the honest progress."""
+    rule = OuterSyncConfig().aggregator
+    common = ("--drift", "1", "--aggregator", rule)
+    a, b, m = fault_swarm.start_many(
+        {
+            "a": (*STEPS, "--update-seed", "1", "--dump", *common),
+            "b": (*STEPS, "--update-seed", "2", "--dump", *common),
+            "m": (*STEPS, "--update-seed", "3", "--poison", "flip", "--claim-steps", "2147483647", *common),
+        }
+    )
+    fault_swarm.go()
+    for p in (a, b, m):
+        final_state(p, 60.0)
+    cosines = _cosines(a, b)
+    print(f"flip/{rule}: cosines with the honest progress {[round(c, 3) for c in cosines]}")
+    assert len(cosines) >= 2, (a.syncs(), b.syncs())
+    assert all(c > 0.5 for c in cosines), cosines
+    assert all(len(h) == 1 for h in hashes_by_revision([a, b, m]).values())
