@@ -3,8 +3,8 @@
 Why our own storage: hivemind's ``DHTLocalStorage`` bounds nothing but an
 optional entry count (``DHTNode``'s ``cache_size``, unbounded by default), so
 every value a peer manages to store stays in memory until its expiration,
-however large and however far off (issue 11: 40 x 1.9 MB for 10 days grew each
-honest process by 66-101 MB). :class:`BudgetedStorage` keeps a ledger of the
+however large and however far off (40 values of 1.9 MB with a 10-day expiration
+add ~70-100 MB to every honest process). :class:`BudgetedStorage` keeps a ledger of the
 bytes held per key and subkey and enforces, after each successful store:
 
 * a per-key cap in bytes and in subkeys: a key hivemind cannot return whole

@@ -7,8 +7,8 @@ whole if one entry fails). The rules, in the order they are checked:
 1. The value is at most the largest registered kind's size (checked before
    any decoding) and is one of *our* signed envelopes of a registered kind.
    Anything else is refused: in an open swarm a permissive validator lets any
-   peer park arbitrary bytes for days in every node's memory (issue 11: 40 x
-   1.9 MB under foreign keys grew each honest process by 66-101 MB).
+   peer park arbitrary bytes for days in every node's memory (40 x 1.9 MB
+   under foreign keys add ~70-100 MB to every honest process).
 2. It sits under a subkey (regular values are refused), and the subkey is the
    peer that signed it; schema and Ed25519 signature hold.
 3. Its key is the one its content names: a descriptor's window key
@@ -20,8 +20,8 @@ whole if one entry fails). The rules, in the order they are checked:
    ``expires``, a sync record's to ``created`` plus the lifetime
    :mod:`swarm.sync.dhtio` gives its kind (:func:`sync_record_ttls`). hivemind
    keeps, per key and subkey, the value with the latest expiration, so a replay
-   with a long expiration used to displace its owner's newer records (issue 11:
-   62 of 70 later publishes refused). Expiration now grows with ``created``, so
+   with a long expiration would displace its owner's newer records (and refuse
+   its later publishes). Expiration grows with ``created``, so
    an older record can never outlive a newer one of the same signer and kind.
 5. ``created`` is at most :data:`protocol.limits.MAX_CLOCK_SKEW_S` ahead of
    this node's clock.

@@ -3,8 +3,8 @@
 Why: a round's own work can take milliseconds (tiny models) while the DHT and
 peers answer in tens to hundreds of milliseconds, more under a flood that
 keeps every honest DHT process busy. A round that waited for its publish and
-collect ran at the network's pace (issue 11: 0.06 s -> 0.28 s per round under
-attack, all of it in publish and collect). Here a round asks for a collect
+collect runs at the network's pace (several times slower under a flood, all of
+it in publish and collect). Here a round asks for a collect
 when it starts, so the collect runs while it generates; hands its batch to a
 publisher thread; and before training takes the collect's result, waiting at
 most a fixed ``wait_s`` for it. A slower collect is ingested by a later

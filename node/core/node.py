@@ -281,7 +281,7 @@ class Node:
         self._log_progress(record, sync)
         every = self.parts.checkpoint.every
         # a checkpoint right after the outer state moved: a crash that restored an older revision would
-        # make this node extend that one again, forking the group's history (bench/chaos.py found it)
+        # make this node extend that one again, forking the group's history
         if every and (self.round % every == 0 or self._outer_moved):
             self.save_checkpoint()
         return record

@@ -6,9 +6,9 @@ produced itself: groups of the task families *and configs* it trains on,
 completions no longer than its own generation budget, and prompt plus
 completion within its model's context. Everything else is refused by a counted
 :class:`~node.tasks.reasons.RejectReason` before it costs anything that grows
-with its size (measured on main: a validly signed batch of 1,000-character
-completions crashed a GPT-2 node past its 256-position table, and cost Llama
-nodes 4-9 s and up to 1.2 GB per round).
+with its size (a validly signed batch of 1,000-character completions would
+overrun a GPT-2 node's 256-position table, and cost a Llama node seconds and
+a gigabyte per round).
 
 Checks come cheapest first, so that refusing is cheaper than what is refused:
 the family and config are dictionary look-ups; the completion length is first

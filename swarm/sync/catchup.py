@@ -60,8 +60,8 @@ pass in a second or two in a fast swarm, less than a donor stays frozen (a stop,
 
 SKIP_MARGIN = 64
 """Revisions a skip leaves past the last one this peer saw reported: a dead branch's last commits may not
-have reached it (a node commits and is killed before its state record spreads; chaos run: a revision
-committed 36 s earlier was not in the records, and a skip to the last one seen landed on it)."""
+have reached it (a node commits and is killed before its state record spreads, so a skip to the last
+revision seen can land on one that was committed)."""
 
 MAX_UNDECIDED = 64
 """Revisions remembered that this peer voted for and aborted (bounded memory: see CatchUpper.undecided)."""
@@ -118,7 +118,7 @@ class CatchUpper:
 
         A member aborts after its digest vote when a partner stops answering or
         votes abort itself, and a third may have read every digest just before
-        (chaos runs: a split group). If that member's state record never
+        and committed. If that member's state record never
         spreads, this peer would extend the same parent under the same number:
         a second state of ``revision``. :meth:`skip` counts it as reported.
         """
@@ -157,8 +157,8 @@ class CatchUpper:
 
         Past every later revision any peer reports, trusted or not: a state this peer did not move to (a
         dead branch nobody serves, a history it does not trust, a claim it refused) keeps its number, and
-        extending ``snap`` under it would be a second state of that number (chaos run: a restarted node
-        refused two strangers' revision 332, both of them dead, and its group committed another 332).
+        extending ``snap`` under it would be a second state of that number (a restarted node that refuses
+        dead strangers' revision N and then commits its own N with its group).
         A revision this peer voted for and aborted counts as reported (:meth:`undecided`). Plus a margin
         for a branch's last commits whose records never spread (see SKIP_MARGIN). A claim
         more than MAX_SKIP ahead cannot be passed (the join record's bound) and is left out: keys minted
@@ -270,7 +270,7 @@ class CatchUpper:
 
         Such a node (its whole group died while it was down) would otherwise sync
         with whoever shares its stale state and start a second history beside the
-        live one (chaos runs). It cannot follow strangers (the trust rule), so it
+        live one. It cannot follow strangers (the trust rule), so it
         pauses its sync instead: it trains on, and a restart with a live
         ``--peer`` (or a trusted peer coming back) rejoins it. Keys minted to
         claim later states cannot cause this: it needs every trusted peer silent,

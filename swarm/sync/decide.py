@@ -259,8 +259,8 @@ def _contested(state: tuple[int, str], vouchers: int, mine: tuple[int, str]) -> 
     A peer at ``mine`` says only that it has not seen the later commits yet, not
     that none happened: trusted peers that merely lag must not keep this peer
     on a state another group already moved on from, or two groups extend it
-    and the history forks (chaos runs: revision 3 of a 160 s run; restarted
-    nodes a few revisions behind in a 30-minute one). A few revisions only
+    and the history forks (a restarted node a few revisions behind is the usual
+    case). A few revisions only
     (:data:`MAX_CONTESTED_AHEAD`): a liar's claim of a far revision still needs
     a majority.
     """

@@ -378,7 +378,7 @@ class OuterSync:
             # A node asked to leave may already have lost its network: Ctrl-C and most service managers
             # signal the whole process group, p2pd included. Its partners then see no vote and no ping
             # answer and abort, while its own reads (now local, stale) could show every digest: it would
-            # commit alone (chaos run: both forks of a 30-minute run). So leaving ends the round here.
+            # commit alone, a second history. So leaving ends the round here.
             self._records.vote(plan, ABORT_DIGEST)
             self._log(logging.WARNING, "leaving before the vote: voted abort")
             return self._suspect_report(t0, plan, AbortCause.SHUTTING_DOWN, got, caught_up)

@@ -26,7 +26,7 @@ MAX_RECORD_BYTES = 1024
 ABORT_DIGEST = "abort"
 MAX_SKIP = 1024
 """Most revisions a join record may ask its group's commit to skip. A skip must pass every number a dead
-branch may have taken (chaos runs: 11 past it, where a cap of 8 landed on one of them); a liar in a group
+branch may have taken, and a branch can run more than a few revisions past the last one seen; a liar in a group
 inflates numbers by at most this per commit, so revisions (< 2^62) last 2^52 such commits."""
 _HEX = frozenset("0123456789abcdef")
 

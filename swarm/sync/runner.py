@@ -1,8 +1,8 @@
 """Drive the outer sync from a training loop: on schedule, beside training, never half-applied.
 
 Why beside training: a blocking sync stops training for the whole gather
-window, all-reduce and commit vote (issue 16: 64-72% of wall time with short
-rounds). Here :meth:`SyncRunner.maybe_sync`, called at every round boundary,
+window, all-reduce and commit vote, most of the wall time when rounds are
+short. Here :meth:`SyncRunner.maybe_sync`, called at every round boundary,
 starts a due sync on a thread with a :class:`~swarm.sync.job.SyncJob` taken
 on the training thread (the anchor and the weights then), and returns at
 once; rounds go on. At the first round boundary after the sync thread ends,

@@ -2,8 +2,8 @@
 
 Why a shared clock: counted in inner steps, peers of one architecture on
 different hardware reach "step H" at different times, so the fast one waits
-in a gather window nobody else opens (issue 16: the fastest of three found no
-partner 11 of 22 times). Epochs are multiples of ``period_s`` since the Unix
+in a gather window nobody else opens, and finds no partner about half the time
+when speeds differ by a few times. Epochs are multiples of ``period_s`` since the Unix
 epoch, so every peer computes the same boundaries from its own clock; each
 starts a sync at its first round boundary past one, contributing whatever it
 trained since the anchor. A peer whose round ends too late for the gather
