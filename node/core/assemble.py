@@ -32,6 +32,11 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
         raise ValueError(
             f"--max-source-share {opts.max_source_share:g}: use a share of the node's own rows in (0, 16], e.g. 0.5"
         )
+    if opts.max_source_share * opts.local_groups < 1:
+        raise ValueError(
+            f"--max-source-share {opts.max_source_share:g} with --local {opts.local_groups} lets a peer supply less "
+            f"than one group, so no peer's group would be trained on; use at least {1 / opts.local_groups:g}"
+        )
     rec = recommended_defaults(opts.model)
     cfg = NodeConfig(
         model=opts.model, tasks=tuple(opts.task) or rec.tasks, accept_tasks=tuple(opts.accept_task), seed=opts.seed,

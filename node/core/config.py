@@ -107,6 +107,12 @@ class NodeConfig:
                 0 < self.max_source_share <= 16,
                 f"max_source_share={self.max_source_share}; use a share of the node's own rows in (0, 16], e.g. 0.5",
             ),
+            (
+                self.max_source_share * self.local_groups >= 1,
+                f"max_source_share={self.max_source_share} with local_groups={self.local_groups} lets a peer supply "
+                f"less than one group of G completions, so no peer's group would ever be trained on; use at least "
+                f"1/{self.local_groups}",
+            ),
             (self.pool_capacity >= 1, f"pool_capacity={self.pool_capacity}; use at least 1"),
             (self.collect_limit >= 0, f"collect_limit={self.collect_limit}; use 0 or more"),
             (0 <= self.network_wait_s <= 60, f"network_wait_s={self.network_wait_s}; use seconds in [0, 60]"),

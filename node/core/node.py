@@ -360,10 +360,10 @@ class Node:
         rows: dict[str, int] = {}
         mass: dict[str, float] = {}
         for g in external:
-            if self.trainer.has_signal(g):
+            adv = self.trainer.advantages(g)
+            if any(abs(a) > 1e-6 for a in adv):  # has_signal's test, on advantages computed once
                 rows[g.source_peer] = rows.get(g.source_peer, 0) + len(g.completions)
-                total = sum(abs(a) for a in self.trainer.advantages(g))
-                mass[g.source_peer] = round(mass.get(g.source_peer, 0.0) + total, 4)
+                mass[g.source_peer] = round(mass.get(g.source_peer, 0.0) + sum(abs(a) for a in adv), 4)
         return rows, mass
 
     def _credit_order(self, groups: list[TrainGroup]) -> list[int]:

@@ -395,8 +395,7 @@ class OuterSync:
             self._records.vote(plan, ABORT_DIGEST)
             verdict = CommitDecision(False, AbortCause.SHUTTING_DOWN.value)
         # a member that keeps aborting rounds the others would commit joins the suspects (swarm.sync.vetoes)
-        vetoed = verdict.vetoers if verdict.commit is False else ()
-        for peer in self._vetoes.observe(plan.members, self.peer_id, vetoed) if verdict.commit is not None else ():
+        for peer in self._vetoes.observe(plan.members, self.peer_id, verdict.vetoers):
             got.suspects[peer] = Suspicion.VETOED
         if not verdict.commit:
             self._log(logging.WARNING, "not committed: %s; keeping local weights", verdict.reason)

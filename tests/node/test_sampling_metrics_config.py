@@ -90,3 +90,9 @@ def test_metrics_are_json_lines_and_torn_lines_are_skipped(tmp_path: Path) -> No
 def test_config_errors_name_the_value_and_fix(kwargs: dict, fix: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ValueError, match=re.escape(fix)):
         NodeConfig(**kwargs)
+
+
+def test_a_source_share_below_one_group_is_refused_naming_the_least_that_works() -> None:
+    with pytest.raises(ValueError, match="1/4"):
+        NodeConfig(local_groups=4, max_source_share=0.2)  # 0.2 x 4 x G < G: no peer group would ever fit
+    assert NodeConfig(local_groups=4, max_source_share=0.25).max_source_share == 0.25
