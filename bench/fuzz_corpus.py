@@ -24,6 +24,7 @@ from node.core.config import NodeParts
 from node.core.ingest import IngestConfig
 from node.core.links import swarm_validator
 from node.tasks.acceptance import Acceptance
+from node.tasks.heldout import training_item
 from node.tasks.registry import build_task, task_names
 from node.tasks.verify import Verdict, verify_external
 from protocol.errors import MessageRejected
@@ -137,7 +138,7 @@ class Corpus:
 
 def _group(name: str, index: int, text_chars: int) -> RolloutGroup:
     fam = build_task(name)
-    item = fam.item(7, index)
+    item = training_item(fam, 7, index)
     comps = (item.answer, "x" * text_chars, f"<answer>{item.answer}</answer>")
     return RolloutGroup(item.ref, item.prompt, comps, tuple(fam.score(item, c) for c in comps), "tiny-s")
 

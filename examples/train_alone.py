@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from node.tasks.heldout import eval_items
 from node.tasks.registry import BUILTIN_TASKS, TaskFamily, TaskMix, build_task
 from node.tasks.verify import local_group
 from node.training.grpo import GRPOConfig, GRPOTrainer
@@ -36,11 +37,11 @@ logger = logging.getLogger(__name__)
 
 
 def evaluate(policy: Policy, family: TaskFamily, n: int, max_new_tokens: int) -> float:
-    """Greedy accuracy on ``n`` held-out items (a seed no training round uses)."""
-    items = [family.item(seed=2**62, index=i) for i in range(n)]
+    """Greedy accuracy on ``n`` held-out items (prompts no training stream draws: node.tasks.heldout)."""
+    items = eval_items(family, n)
     cfg = GenerationConfig(temperature=0.0, max_new_tokens=max_new_tokens)
     outs = policy.generate([it.prompt for it in items], 1, cfg, seed=0)
-    return sum(family.score(it, o[0]) for it, o in zip(items, outs, strict=True)) / n
+    return sum(family.score(it, o[0]) for it, o in zip(items, outs, strict=True)) / len(items)
 
 
 def train(args: argparse.Namespace) -> list[float]:

@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     from node.cli.experiment import add_experiment_parser
 
     add_experiment_parser(sub)
+    from node.cli.evaluate import add_eval_parser
+
+    add_eval_parser(sub)
     return parser
 
 
@@ -78,6 +81,7 @@ COMMANDS = {
     "init": "node.cli.tools:run_init",
     "id": "node.cli.tools:run_id",
     "experiment": "node.cli.experiment:run_experiment_cli",
+    "eval": "node.cli.evaluate:run_eval",
 }
 
 

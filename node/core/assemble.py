@@ -11,6 +11,7 @@ from node.core.config import NodeConfig, NodeParts
 from node.core.ingest import IngestConfig
 from node.core.options import NodeOptions, default_of
 from node.training.adapters import AdapterConfig, parse_targets
+from node.training.evaluate import EvalConfig
 from node.training.grpo import GRPOConfig
 from node.training.models import recommended_defaults
 from node.training.offpolicy import BASELINES, OffPolicyConfig
@@ -37,10 +38,12 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
             f"--max-source-share {opts.max_source_share:g} with --local {opts.local_groups} lets a peer supply less "
             f"than one group, so no peer's group would be trained on; use at least {1 / opts.local_groups:g}"
         )
+    if not 0 <= opts.warm_start <= 100_000:
+        raise ValueError(f"--warm-start {opts.warm_start}: use 0 (off) or a number of steps up to 100000, e.g. 40")
     rec = recommended_defaults(opts.model)
     cfg = NodeConfig(
         model=opts.model, tasks=tuple(opts.task) or rec.tasks, accept_tasks=tuple(opts.accept_task), seed=opts.seed,
-        rounds=opts.rounds,
+        rounds=opts.rounds, warm_start_steps=opts.warm_start,
         local_groups=opts.local_groups, external_groups=opts.external_groups, num_generations=opts.generations,
         sampling=opts.sampling, log_dir=opts.log_dir, device=opts.device, max_threads=opts.max_threads,
         identity=opts.identity, overlap_network=not opts.wait_network, network_wait_s=opts.network_wait,
@@ -92,8 +95,24 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
         ingest=IngestConfig(accept_tokens=opts.accept_tokens),
         offpolicy=offpolicy_config(opts),
         adapter=adapter_config(opts),
+        evaluation=eval_config(opts),
     )
     return cfg, parts
+
+
+def eval_config(opts: NodeOptions) -> EvalConfig:
+    """The evaluation options as the evaluator's config; a bad value is one sentence naming the flag."""
+    if opts.eval_every < 0:
+        raise ValueError(f"--eval-every {opts.eval_every}: use 0 (off) or a positive number of rounds, e.g. 10")
+    if not 1 <= opts.eval_items <= 4096:
+        raise ValueError(f"--eval-items {opts.eval_items}: use 1-4096 questions per family, e.g. 64")
+    if not 0 <= opts.eval_samples <= 64:
+        raise ValueError(f"--eval-samples {opts.eval_samples}: use 0 (greedy only) to 64, e.g. 8")
+    if not opts.eval_timeout > 0:
+        raise ValueError(f"--eval-timeout {opts.eval_timeout:g}: use a positive number of seconds, e.g. 60")
+    return EvalConfig(
+        every=opts.eval_every, items=opts.eval_items, samples=opts.eval_samples, timeout_s=opts.eval_timeout
+    )
 
 
 def offpolicy_config(opts: NodeOptions) -> OffPolicyConfig:

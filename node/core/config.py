@@ -13,6 +13,7 @@ from node.core.ingest import IngestConfig
 from node.core.options import DEFAULT_IDENTITY, DEFAULT_MODEL
 from node.core.pool import SAMPLING_POLICIES
 from node.training.adapters import AdapterConfig
+from node.training.evaluate import EvalConfig
 from node.training.grpo import GRPOConfig
 from node.training.offpolicy import OffPolicyConfig
 from node.training.policy import GenerationConfig
@@ -35,6 +36,9 @@ class NodeConfig:
     )
     seed: int = field(default=0, metadata={"help": "Seed for model init, task sampling and generation."})
     rounds: int = field(default=0, metadata={"help": "Rounds to run before stopping; 0 runs until stopped."})
+    warm_start_steps: int = field(
+        default=0, metadata={"help": "Supervised steps of the shared warm start (node.training.warmstart); 0: off."}
+    )
     local_groups: int = field(default=4, metadata={"help": "I: local groups (questions) generated per round."})
     external_groups: int = field(
         default=4, metadata={"help": "J: external groups trained on per round; 0 isolates the node."}
@@ -93,6 +97,7 @@ class NodeConfig:
     def __post_init__(self) -> None:
         checks = [
             (self.rounds >= 0, f"rounds={self.rounds}; use 0 (run until stopped) or a positive count"),
+            (0 <= self.warm_start_steps <= 100_000, f"warm_start_steps={self.warm_start_steps}; use 0 (off) to 100000"),
             (
                 self.local_groups >= 1,
                 f"local_groups={self.local_groups}; a node needs at least 1 local group",
@@ -143,3 +148,4 @@ class NodeParts:
     ingest: IngestConfig = field(default_factory=IngestConfig)
     offpolicy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)  # kind "none": every weight trains
+    evaluation: EvalConfig = field(default_factory=EvalConfig)  # every 0: no held-out evaluation

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import resource
 import statistics
 import threading
 import time
@@ -36,10 +37,12 @@ from node.tasks.registry import BUILTIN_TASKS, TaskItem, TaskMix, build_task
 from node.tasks.verify import TrainGroup, local_group
 from node.training.adapters import SHARED_BASE_SEED, attach_adapter
 from node.training.device import params_digest, resolve_device
+from node.training.evaluate import EvalResult, eval_sets, evaluate
 from node.training.grpo import GRPOTrainer
 from node.training.models import load_model
 from node.training.policy import Policy
 from node.training.tokenizer import max_token_chars
+from node.training.warmstart import warm_start
 from protocol import RolloutBatch, RolloutGroup, short_id
 from swarm.identity import IdentityLock, load_or_create
 from swarm.sync import SyncReport
@@ -52,6 +55,12 @@ SYNC_LEAVE_WAIT_S = 15.0
 """Longest leaving waits for a sync running beside training (so its commit is kept); after it the node
 leaves without it, within the leave bound (the other members see a lost voter and abort that round)."""
 """How long leaving waits for a publish or collect under way (it is bounded anyway; SIGTERM must exit in 30 s)."""
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process (its threads included, its p2pd child not)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 class Node:
@@ -107,11 +116,13 @@ class Node:
         adapter = self.parts.adapter
         # a frozen base is shared: a built-in model's is the same init on every peer (see SHARED_BASE_SEED);
         # so are the trained weights under the outer sync, whose revision 0 must be one state swarm-wide
+        # and so is a warm start's prior, which all nodes of one model compute from the same weights
         synced = self.parts.sync is not None
-        base_seed = SHARED_BASE_SEED if adapter.enabled or synced else self.cfg.seed
+        shared = synced or self.cfg.warm_start_steps > 0
+        base_seed = SHARED_BASE_SEED if adapter.enabled or shared else self.cfg.seed
         model, tokenizer, model_id = load_model(self.cfg.model, seed=base_seed, device=device)
         if adapter.enabled:
-            model = attach_adapter(model, adapter, seed=SHARED_BASE_SEED if synced else self.cfg.seed)
+            model = attach_adapter(model, adapter, seed=SHARED_BASE_SEED if shared else self.cfg.seed)
         self.policy = Policy(model, tokenizer, model_id, device)
         self.policy.stop = self.stop_event.is_set
         measure = self.cfg.diagnose_groups or self.cfg.sampling == "credit"  # credit is learned from the diagnostics
@@ -119,6 +130,8 @@ class Node:
         names = self.cfg.tasks or tuple(BUILTIN_TASKS)
         self.families = {n: build_task(n) for n in names}
         self.task_mix = TaskMix(list(self.families.values()), seed=self.cfg.seed)
+        warm_start(self.policy, self.families, self.cfg.warm_start_steps)
+        self.eval_sets = eval_sets(self.families, self.parts.evaluation.items) if self.parts.evaluation.every else {}
         self.acceptance = self._acceptance()
         self._digest_start = params_digest(model)
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
@@ -144,6 +157,8 @@ class Node:
         if resumed is not None:
             self.metrics.write("resume", time=self.clock(), peer=self.peer_id, round=self.round, path=str(resumed))
         logger.info("started %s on %s with tasks %s", model_id, device, ",".join(names))
+        if self.round == 0:
+            self._maybe_evaluate()  # the starting point every later score is compared with
         return self
 
     @property
@@ -206,6 +221,7 @@ class Node:
                 rounds=self.round,
                 param_digest_start=self._digest_start,
                 param_digest_end=params_digest(self.policy.model),
+                cpu_s=round(_cpu_seconds(), 3),
             )
         if self.network is not None:  # before the exchange it uses; a step under way is bounded by its own timeouts
             self.network.close(timeout_s=NETWORK_CLOSE_S)
@@ -277,7 +293,10 @@ class Node:
         n_dropped = int(stats.get("n_dropped", 0))
         phases = (t_gen - t0, t_collect - t_gen, time.monotonic() - t_collect)
         sync = self._maybe_sync()
-        record = self._record(local, external, collected, n_dropped, stats, t0, phases)
+        # before the round's record: a run that ends when every node recorded its last round ends after its
+        # last evaluation; the evaluation's time is not the round's
+        evaluated = self._maybe_evaluate()
+        record = self._record(local, external, collected, n_dropped, stats, t0, phases, evaluated)
         self._log_progress(record, sync)
         every = self.parts.checkpoint.every
         # a checkpoint right after the outer state moved: a crash that restored an older revision would
@@ -285,6 +304,21 @@ class Node:
         if every and (self.round % every == 0 or self._outer_moved):
             self.save_checkpoint()
         return record
+
+    def _maybe_evaluate(self) -> EvalResult | None:
+        """Score the policy on the held-out questions when due (``eval`` event and a progress line)."""
+        if not self.parts.evaluation.due(self.round, self.cfg.rounds) or self.stop_event.is_set():
+            return None
+        result = evaluate(self.policy, self.families, self.eval_sets, self.parts.generation, self.parts.evaluation)
+        assert self.metrics is not None
+        self.metrics.write("eval", time=self.clock(), peer=self.peer_id, round=self.round, **result.to_event())
+        sampled = "-" if result.sample_reward is None else f"{result.sample_reward:.3f}"
+        progress.info(
+            "held-out accuracy %.3f (sampled reward %s) on %d questions%s | %.2fs",
+            result.accuracy, sampled, result.items, "" if result.complete else " (time bound: partial)",
+            result.eval_s,
+        )  # fmt: skip
+        return result
 
     def _record(
         self,
@@ -295,6 +329,7 @@ class Node:
         stats: dict[str, Any],
         t0: float,
         phases: tuple[float, float, float],
+        evaluated: EvalResult | None = None,
     ) -> RoundRecord:
         """This round's record, also written as the ``round`` metrics event.
 
@@ -339,7 +374,7 @@ class Node:
             share_s=phases[1],
             train_s=phases[2],
             collect_s=collected.collect_s,
-            round_s=time.monotonic() - t0,
+            round_s=time.monotonic() - t0 - (evaluated.eval_s if evaluated is not None else 0.0),
             descriptors_seen=collected.descriptors_seen,
             external_age_s=collected.external_age_s,
             store_s=traffic["store_ms"] / 1000 if traffic.get("store_ms") else None,

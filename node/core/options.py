@@ -28,6 +28,7 @@ DASHBOARD = "dashboard"
 NETWORK = "network"
 OFFPOLICY = "peers' completions in the loss (off-policy)"
 ADAPTER = "adapter (train a small add-on, the base model frozen)"
+EVAL = "held-out evaluation (questions no node trains on)"
 
 
 def option(
@@ -81,6 +82,11 @@ class NodeOptions:
         "starts from the same weights)",
     )
     rounds: int = option(0, "rounds to run; 0 runs until stopped", inherit=True)
+    warm_start: int = option(
+        0, "supervised steps on gold answers before the first round, the same on every node (a stand-in for "
+        "a pretrained model: all nodes of one model and task set start from one prior); 0: off",
+        inherit=True,
+    )  # fmt: skip
     local_groups: int = option(4, "I: local groups per round", flag="--local", inherit=True)
     external_groups: int = option(4, "J: external groups per round", flag="--external", inherit=True)
     generations: int = option(8, "G: completions per question", inherit=True)
@@ -189,6 +195,18 @@ class NodeOptions:
         "member reversing the group's progress, from 3 members up) or mean",
         group=SYNC,
         inherit=True,
+    )
+    eval_every: int = option(
+        0, "rounds between held-out evaluations, also run before the first round and after the last (0: off)",
+        group=EVAL, inherit=True,
+    )  # fmt: skip
+    eval_items: int = option(64, "held-out questions per task family", group=EVAL, inherit=True)
+    eval_samples: int = option(
+        8, "sampled completions per held-out question, for the mean reward beside greedy accuracy (0: greedy only)",
+        group=EVAL, inherit=True,
+    )  # fmt: skip
+    eval_timeout: float = option(
+        60.0, "longest one evaluation runs (s); past it the scores cover the questions done", group=EVAL, inherit=True
     )
     checkpoint_every: int = option(
         50, "rounds between checkpoints (also written on leave); 0: off", group=CHECKPOINTS, inherit=True

@@ -3,11 +3,14 @@
 The files are the one source: :class:`MetricsTail` reads only the lines
 appended since the last poll, :class:`NodeView` folds events into figures, and
 :class:`SwarmView` gives the JSON for the page and the Prometheus text.
+Held-out ``eval`` events are checked field by field (:meth:`Eval.parse`): a
+malformed one is skipped, so one bad line never takes the dashboard down.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections import Counter
@@ -17,6 +20,74 @@ from pathlib import Path
 from typing import Any
 
 SILENT_AFTER_S = 60.0
+
+
+def _real(value: Any) -> float | None:
+    """``value`` as a finite float, or None: a JSON field may hold a string, a boolean, null or NaN instead."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def _fraction(value: Any) -> float | None:
+    """``value`` as a float in [0, 1], or None: accuracies outside that range are corrupt, not figures."""
+    v = _real(value)
+    return v if v is not None and 0.0 <= v <= 1.0 else None
+
+
+def _count(value: Any) -> int | None:
+    """``value`` as a non-negative whole number, or None (``3.0`` counts; ``3.5``, ``-1`` and ``"3"`` do not)."""
+    v = _real(value)
+    return int(v) if v is not None and v >= 0 and v.is_integer() else None
+
+
+def _families(value: Any) -> dict[str, float]:
+    """Per-family accuracies, sorted by family; entries that are not accuracies are left out."""
+    if not isinstance(value, dict):
+        return {}
+    fractions = {str(k): _fraction(v) for k, v in value.items()}
+    return {k: v for k, v in sorted(fractions.items(), key=lambda kv: kv[0]) if v is not None}
+
+
+def _thin(keys: list[int], max_points: int) -> list[int]:
+    """At most about ``max_points`` of the sorted ``keys``, evenly spaced, always with the last one."""
+    step = max(1, -(-len(keys) // max_points))
+    kept = keys[::step]
+    if keys and kept[-1] != keys[-1]:
+        kept.append(keys[-1])
+    return kept
+
+
+@dataclass(frozen=True)
+class Eval:
+    """One held-out evaluation, from an ``eval`` event (see ``EvalResult.to_event``)."""
+
+    round: int
+    accuracy: float
+    sample_reward: float | None
+    per_family: dict[str, float]
+    time: float | None
+    items: int | None
+    complete: bool | None
+
+    @classmethod
+    def parse(cls, ev: dict[str, Any]) -> Eval | None:
+        """The evaluation in ``ev``, or None when its round or accuracy is missing or malformed.
+
+        Those two are what every held-out figure rests on, so without them the
+        event is skipped; the other fields are extras and a bad one reads as
+        unknown (None), a bad per-family entry as absent.
+        """
+        rnd, accuracy = _count(ev.get("round")), _fraction(ev.get("accuracy"))
+        if rnd is None or accuracy is None:
+            return None
+        complete = ev.get("complete")
+        return cls(
+            round=rnd, accuracy=accuracy, sample_reward=_real(ev.get("sample_reward")),
+            per_family=_families(ev.get("per_family")), time=_real(ev.get("time")), items=_count(ev.get("items")),
+            complete=complete if isinstance(complete, bool) else None,
+        )  # fmt: skip
 
 
 class MetricsTail:
@@ -68,12 +139,15 @@ class NodeView:
     revision: int = 0
     state_hash: str = ""
     peers_seen: int = 0
+    heldout_first: Eval | None = None
+    heldout_last: Eval | None = None
+    heldout_series: dict[int, float] = field(default_factory=dict)
     _bytes_base: Counter[str] = field(default_factory=Counter)
 
     def add(self, ev: dict[str, Any]) -> None:
         """Fold one event in."""
         kind = ev.get("event")
-        self.last_time = max(self.last_time, float(ev.get("time") or 0.0))
+        self.last_time = max(self.last_time, _real(ev.get("time")) or 0.0)
         if kind == "start":
             self.peer, self.model, self.status = ev.get("peer", ""), ev.get("model", ""), "running"
             for k in ("bytes_in", "bytes_out"):  # a restarted process counts from zero again
@@ -83,6 +157,8 @@ class NodeView:
             self._add_round(ev)
         elif kind == "sync":
             self._add_sync(ev)
+        elif kind == "eval":
+            self._add_eval(ev)
         elif kind == "done":
             self.status = "done"
         elif kind == "summary":
@@ -111,6 +187,29 @@ class NodeView:
         else:  # the cause; files written before causes existed carry it in the reason
             self.sync_aborted[str(ev.get("cause") or ev.get("reason") or "unknown")] += 1
 
+    def _add_eval(self, ev: dict[str, Any]) -> None:
+        """Keep the first evaluation (the "start" of start -> now) and the latest, in file order."""
+        result = Eval.parse(ev)
+        if result is None:
+            return
+        if self.heldout_first is None:
+            self.heldout_first = result
+        self.heldout_last = result
+        self.heldout_series[result.round] = result.accuracy
+
+    def heldout_json(self, now: float, max_points: int) -> dict[str, Any] | None:
+        """The node's held-out figures for the page; None until it has written an evaluation."""
+        first, last = self.heldout_first, self.heldout_last
+        if first is None or last is None:
+            return None
+        rounds = _thin(sorted(self.heldout_series), max_points)
+        return {
+            "accuracy": last.accuracy, "round": last.round, "sample_reward": last.sample_reward,
+            "age_s": None if last.time is None else max(0.0, now - last.time), "per_family": dict(last.per_family),
+            "items": last.items, "complete": last.complete, "first_accuracy": first.accuracy,
+            "first_round": first.round, "series": [[r, self.heldout_series[r]] for r in rounds],
+        }  # fmt: skip
+
     def bytes(self, direction: str) -> int:
         """Rollout payload bytes in or out over all of this node's runs."""
         return self._bytes_base[direction] + int(self.last.get(direction) or 0)
@@ -124,10 +223,7 @@ class NodeView:
     def to_json(self, now: float, max_points: int) -> dict[str, Any]:
         """The node's entry in the dashboard JSON."""
         rounds = sorted(self.series)
-        step = max(1, -(-len(rounds) // max_points))
-        series = [[r, *self.series[r]] for r in rounds[::step]]
-        if rounds and series[-1][0] != rounds[-1]:
-            series.append([rounds[-1], *self.series[rounds[-1]]])
+        series = [[r, *self.series[r]] for r in _thin(rounds, max_points)]
         t = self.totals
         return {
             "peer": self.peer[-6:], "peer_id": self.peer, "model": self.model, "status": self.shown_status(now),
@@ -139,7 +235,7 @@ class NodeView:
             "sync_no_partner": t["sync_no_partner"],
             "sync_aborted": dict(self.sync_aborted), "revision": self.revision, "state_hash": self.state_hash[:12],
             "bytes_in": self.bytes("bytes_in"), "bytes_out": self.bytes("bytes_out"), "sync_bytes": t["sync_bytes"],
-            "round_s": self.last.get("round_s"), "series": series,
+            "round_s": self.last.get("round_s"), "series": series, "heldout": self.heldout_json(now, max_points),
         }  # fmt: skip
 
 
@@ -177,4 +273,20 @@ class SwarmView:
         totals["peers_seen"] = max([len(nodes) - 1, *(n["peers_seen"] for n in nodes)]) if nodes else 0
         totals["nodes"] = len(nodes)
         totals["running"] = sum(n["status"] == "running" for n in nodes)
+        totals.update(_heldout_totals(nodes))
         return {"title": self.title, "time": now, "totals": totals, "nodes": nodes}
+
+
+def _heldout_totals(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean first and latest held-out accuracy over the nodes that evaluated (None when none did).
+
+    Both means are over the same nodes, so the swarm's "start -> now" compares like with like.
+    """
+    evaluated = [n["heldout"] for n in nodes if n["heldout"] is not None]
+    if not evaluated:
+        return {"heldout_accuracy": None, "heldout_first_accuracy": None, "heldout_nodes": 0}
+    return {
+        "heldout_accuracy": sum(h["accuracy"] for h in evaluated) / len(evaluated),
+        "heldout_first_accuracy": sum(h["first_accuracy"] for h in evaluated) / len(evaluated),
+        "heldout_nodes": len(evaluated),
+    }

@@ -2,8 +2,12 @@
 
 It polls ``api/summary`` every two seconds and redraws in place: summary
 cards, reward curves (local solid, external dashed; moving average over 10
-rounds), a per-node table and groups not used, by reason. Elements carry ``id`` or
-``data-k`` attributes so tests can read the figures from the DOM.
+rounds), a per-node table and groups not used, by reason. Held-out accuracy
+(the one figure comparable across nodes and runs) shows as a card, as node
+table columns "start -> now" with a per-family tooltip, and as a panel with
+its curve and a per-family table; the panel stays hidden until some node has
+evaluated. Elements carry ``id`` or ``data-k`` attributes so tests can read
+the figures from the DOM.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ header h1{font-size:18px;margin:0}#updated{font-size:12px;color:#b9c4d0}
 main{padding:16px 20px}.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(132px,1fr));gap:10px}
 .card{background:#fff;border-radius:6px;padding:10px 12px;box-shadow:0 1px 2px #0002}
 .card .k{font-size:11px;color:#667;text-transform:uppercase;letter-spacing:.04em}.card .v{font-size:20px;margin-top:4px}
+.card .s{font-size:11px;margin-top:2px}td[title]{cursor:help;text-decoration:underline dotted #99a}
 section{background:#fff;border-radius:6px;margin-top:14px;padding:12px;box-shadow:0 1px 2px #0002}
 h2{font-size:14px;margin:0 0 8px}table{border-collapse:collapse;width:100%;font-size:12.5px}
 th,td{text-align:right;padding:4px 6px;border-bottom:1px solid #eceef1;white-space:nowrap}
@@ -37,6 +42,8 @@ vertical-align:middle;margin-right:4px}svg text{font-size:11px;fill:#667}.muted{
 <div class="card"><div class="k">sync committed / aborted</div><div class="v" id="t-sync">-</div></div>
 <div class="card"><div class="k">sync revision</div><div class="v" id="t-revision">-</div></div>
 <div class="card"><div class="k">bytes in / out</div><div class="v" id="t-bytes">-</div></div>
+<div class="card"><div class="k">held-out accuracy</div><div class="v" id="t-heldout">-</div>
+<div class="s muted" id="t-heldout-first">no evaluation yet</div></div>
 </div>
 <section><h2>Reward per round <span class="muted">(moving average of 10; solid: local, dashed: external)</span></h2>
 <svg id="chart" viewBox="0 0 1000 280" width="100%" height="280" preserveAspectRatio="none"></svg>
@@ -44,8 +51,12 @@ vertical-align:middle;margin-right:4px}svg text{font-size:11px;fill:#667}.muted{
 <section><h2>Nodes</h2><div class="scroll"><table id="nodes"><thead><tr><th>peer</th><th>model</th><th>status</th>
 <th>round</th><th>reward</th><th>ext. reward</th><th>peers</th><th>accepted</th><th>used</th><th>rejected</th>
 <th>fetch failed</th><th>no signal</th><th>sync ok / aborted</th><th>revision</th><th>bytes in / out</th>
-<th>round s</th>
+<th>round s</th><th>held-out</th><th>sampled</th><th>eval round / age</th>
 </tr></thead><tbody></tbody></table></div></section>
+<section id="heldout" hidden><h2>Held-out accuracy per evaluation <span class="muted">(greedy; colors as above)</span>
+</h2><svg id="heldout-chart" viewBox="0 0 1000 200" width="100%" height="200" preserveAspectRatio="none"></svg>
+<h2>By task family <span class="muted">(last evaluation)</span></h2><div class="scroll">
+<table id="heldout-families"><thead></thead><tbody></tbody></table></div></section>
 <section><h2>Groups not used, by reason</h2><table id="reasons">
 <thead><tr><th>reason</th><th>kind</th><th>count</th></tr></thead><tbody></tbody></table></section>
 </main>
@@ -59,25 +70,45 @@ function human(n){const u=["B","KB","MB","GB","TB"];let i=0;while(n>=1024&&i<u.l
 function smooth(pts,w){const out=[];let s=0,q=[];for(const [x,y] of pts){q.push(y);s+=y;if(q.length>w)s-=q.shift();
   out.push([x,s/q.length]);}return out;}
 function cell(k,v){const td=document.createElement("td");td.dataset.k=k;td.textContent=v;return td;}
-function drawChart(nodes){
-  const svg=$("chart"),W=1000,H=280,L=40,B=22;let maxX=1,lo=0,hi=0;const lines=[];
-  nodes.forEach((n,i)=>{const c=COLORS[i%COLORS.length];
-    const loc=smooth(n.series.map(p=>[p[0],p[1]]),10);
-    const ext=smooth(n.series.filter(p=>p[2]!==null).map(p=>[p[0],p[2]]),10);
-    for(const [x,y] of loc.concat(ext)){maxX=Math.max(maxX,x);lo=Math.min(lo,y);hi=Math.max(hi,y);}
-    lines.push([loc,c,""],[ext,c,"6 4"]);});
-  hi=[0.05,0.1,0.2,0.4,0.6,0.8,1].find(v=>v>=hi)||Math.ceil(hi);
-  const X=x=>L+(W-L-8)*x/maxX,Y=y=>8+(H-B-8)*(1-(y-lo)/((hi-lo)||1));
+function ago(s){if(s===null||s===undefined)return "-";s=Math.max(0,Math.round(s));
+  return (s<120?s+"s":s<7200?Math.round(s/60)+"m":Math.round(s/3600)+"h")+" ago";}
+function plot(svg,H,lines,maxX,lo,hi,dots){
+  const W=1000,L=40,B=22,X=x=>L+(W-L-8)*x/maxX,Y=y=>8+(H-B-8)*(1-(y-lo)/((hi-lo)||1));
   let s="";for(let k=0;k<=4;k++){const y=lo+(hi-lo)*k/4;
     s+=`<line x1="${L}" x2="${W}" y1="${Y(y)}" y2="${Y(y)}" stroke="#e3e6ea"/>`;
     s+=`<text x="4" y="${Y(y)+4}">${y.toFixed(2)}</text>`;}
   s+=`<text x="${W-60}" y="${H-6}">round ${maxX}</text><text x="${L}" y="${H-6}">0</text>`;
   for(const [pts,c,dash] of lines){if(!pts.length)continue;
     const d=pts.map((p,j)=>(j?"L":"M")+X(p[0]).toFixed(1)+" "+Y(p[1]).toFixed(1)).join(" ");
-    s+=`<path d="${d}" fill="none" stroke="${c}" stroke-width="2" stroke-dasharray="${dash}"/>`;}
+    s+=`<path d="${d}" fill="none" stroke="${c}" stroke-width="2" stroke-dasharray="${dash}"/>`;
+    if(dots)for(const p of pts)s+=`<circle cx="${X(p[0]).toFixed(1)}" cy="${Y(p[1]).toFixed(1)}" r="3" fill="${c}"/>`;}
   svg.innerHTML=s;
+}
+function drawChart(nodes){
+  let maxX=1,lo=0,hi=0;const lines=[];
+  nodes.forEach((n,i)=>{const c=COLORS[i%COLORS.length];
+    const loc=smooth(n.series.map(p=>[p[0],p[1]]),10);
+    const ext=smooth(n.series.filter(p=>p[2]!==null).map(p=>[p[0],p[2]]),10);
+    for(const [x,y] of loc.concat(ext)){maxX=Math.max(maxX,x);lo=Math.min(lo,y);hi=Math.max(hi,y);}
+    lines.push([loc,c,""],[ext,c,"6 4"]);});
+  hi=[0.05,0.1,0.2,0.4,0.6,0.8,1].find(v=>v>=hi)||Math.ceil(hi);
+  plot($("chart"),280,lines,maxX,lo,hi,false);
   $("legend").innerHTML=nodes.map((n,i)=>`<span><i style="background:${COLORS[i%COLORS.length]}"></i>`+
     `${n.peer} (${n.model})</span>`).join("");
+}
+function heldoutTip(h){
+  const fam=Object.entries(h.per_family).map(([f,v])=>"  "+f+": "+fmt(v,3));
+  return ["round "+h.first_round+": "+fmt(h.first_accuracy,3)+", round "+h.round+": "+fmt(h.accuracy,3),
+    "sampled reward: "+fmt(h.sample_reward,3),
+    (h.items===null?"?":h.items)+" questions"+(h.complete===false?" (partial: cut by the time bound)":""),
+    ...(fam.length?["per family:",...fam]:[])].join("\n");
+}
+function heldoutCells(h){
+  if(!h)return [cell("heldout","-"),cell("heldout_sample_reward","-"),cell("heldout_round","-")];
+  const now=fmt(h.accuracy,3)+(h.complete===false?"*":"");
+  const acc=cell("heldout",h.round===h.first_round?now:fmt(h.first_accuracy,3)+" \u2192 "+now);
+  acc.title=heldoutTip(h);
+  return [acc,cell("heldout_sample_reward",fmt(h.sample_reward,3)),cell("heldout_round",h.round+" / "+ago(h.age_s))];
 }
 function drawNodes(nodes){
   const tb=$("nodes").tBodies[0];tb.textContent="";
@@ -88,7 +119,8 @@ function drawNodes(nodes){
      cell("external_reward",fmt(n.external_reward,3)),cell("peers_seen",n.peers_seen),cell("accepted",n.accepted),
      cell("used",n.used),cell("rejected",rej),cell("fetch_failed",n.fetch_failed),
      cell("dropped_zero_adv",n.dropped_zero_adv),cell("sync",n.sync_committed+" / "+ab),cell("revision",n.revision),
-     cell("bytes",human(n.bytes_in)+" / "+human(n.bytes_out)),cell("round_s",fmt(n.round_s,2))
+     cell("bytes",human(n.bytes_in)+" / "+human(n.bytes_out)),cell("round_s",fmt(n.round_s,2)),
+     ...heldoutCells(n.heldout)
     ].forEach(td=>tr.appendChild(td));tb.appendChild(tr);}
 }
 function drawReasons(nodes){
@@ -103,6 +135,28 @@ function drawReasons(nodes){
   for(const k of keys){const [kind,r]=k.split("|");const tr=document.createElement("tr");
     [cell("reason",r),cell("kind",kind),cell("count",rows[k])].forEach(td=>tr.appendChild(td));tb.appendChild(tr);}
 }
+function drawHeldout(nodes){
+  const shown=nodes.filter(n=>n.heldout);$("heldout").hidden=!shown.length;if(!shown.length)return;
+  let maxX=1;const lines=[];
+  nodes.forEach((n,i)=>{if(!n.heldout)return;
+    for(const [x] of n.heldout.series)maxX=Math.max(maxX,x);
+    lines.push([n.heldout.series,COLORS[i%COLORS.length],""]);});
+  plot($("heldout-chart"),200,lines,maxX,0,1,true);
+  const fams=[...new Set(shown.flatMap(n=>Object.keys(n.heldout.per_family)))].sort();
+  const t=$("heldout-families"),head=document.createElement("tr");
+  for(const k of ["peer","round","all",...fams]){const th=document.createElement("th");th.textContent=k;
+    head.appendChild(th);}
+  t.tHead.textContent="";t.tHead.appendChild(head);t.tBodies[0].textContent="";
+  for(const n of shown){const h=n.heldout,tr=document.createElement("tr");tr.dataset.peer=n.peer;
+    [cell("peer",n.peer),cell("round",h.round),cell("accuracy",fmt(h.accuracy,3)),
+     ...fams.map(f=>cell("family-"+f,fmt(h.per_family[f],3)))].forEach(td=>tr.appendChild(td));
+    t.tBodies[0].appendChild(tr);}
+}
+function drawHeldoutCard(t){
+  const none=t.heldout_accuracy===null;$("t-heldout").textContent=fmt(t.heldout_accuracy,3);
+  $("t-heldout-first").textContent=none?"no evaluation yet":
+    "from "+fmt(t.heldout_first_accuracy,3)+", mean of "+t.heldout_nodes+(t.heldout_nodes===1?" node":" nodes");
+}
 function render(d){
   const t=d.totals;document.title="swarm-node: "+d.title;$("title").textContent=d.title;
   $("t-nodes").textContent=t.running+" / "+t.nodes;$("t-rounds").textContent=t.rounds;
@@ -110,7 +164,7 @@ function render(d){
   $("t-groups").textContent=t.accepted+" / "+t.used;$("t-rejected").textContent=t.rejected;
   $("t-sync").textContent=t.sync_committed+" / "+t.sync_aborted;$("t-revision").textContent=t.revision;
   $("t-bytes").textContent=human(t.bytes_in)+" / "+human(t.bytes_out);
-  drawChart(d.nodes);drawNodes(d.nodes);drawReasons(d.nodes);
+  drawHeldoutCard(t);drawChart(d.nodes);drawNodes(d.nodes);drawReasons(d.nodes);drawHeldout(d.nodes);
   $("updated").textContent="live, updated "+new Date(d.time*1000).toLocaleTimeString();
 }
 async function poll(){

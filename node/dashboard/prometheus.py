@@ -23,6 +23,10 @@ METRICS: list[tuple[str, str, str]] = [
     ("swarm_node_rollout_bytes_total", "counter", "Rollout payload bytes, by direction (in or out)."),
     ("swarm_node_sync_bytes_sent_total", "counter", "Bytes sent in outer-sync all-reduces."),
     ("swarm_node_round_seconds", "gauge", "Duration of the last round."),
+    ("swarm_node_heldout_accuracy", "gauge", "Greedy accuracy on the held-out questions at the last evaluation."),
+    ("swarm_node_heldout_family_accuracy", "gauge", "Greedy held-out accuracy at the last evaluation, by family."),
+    ("swarm_node_heldout_sample_reward", "gauge", "Mean reward of sampled held-out completions, last evaluation."),
+    ("swarm_node_heldout_round", "gauge", "Round of the last held-out evaluation (0: before training)."),
 ]
 
 
@@ -38,6 +42,8 @@ def _number(value: float) -> str:
 
 def _samples(name: str, n: dict[str, Any]) -> list[tuple[dict[str, str], float | None]]:
     """The (extra labels, value) pairs of metric ``name`` for one node."""
+    heldout: dict[str, Any] = n.get("heldout") or {}  # no evaluation yet: no held-out samples at all
+    families: dict[str, float] = heldout.get("per_family") or {}
     table: dict[str, list[tuple[dict[str, str], float | None]]] = {
         "swarm_node_up": [({}, float(n["status"] == "running"))],
         "swarm_node_round": [({}, n["round"])],
@@ -61,6 +67,10 @@ def _samples(name: str, n: dict[str, Any]) -> list[tuple[dict[str, str], float |
         ],
         "swarm_node_sync_bytes_sent_total": [({}, n["sync_bytes"])],
         "swarm_node_round_seconds": [({}, n["round_s"])],
+        "swarm_node_heldout_accuracy": [({}, heldout.get("accuracy"))],
+        "swarm_node_heldout_family_accuracy": [({"family": f}, v) for f, v in sorted(families.items())],
+        "swarm_node_heldout_sample_reward": [({}, heldout.get("sample_reward"))],
+        "swarm_node_heldout_round": [({}, heldout.get("round"))],
     }
     return table[name]
 

@@ -40,6 +40,31 @@ class ExperimentConfig:
         metadata={"help": "How peers' completions enter the loss, compared as an axis: " + ", ".join(OBJECTIVES)
                   + " (see node.training.offpolicy)."},
     )  # fmt: skip
+    sync_every: tuple[int, ...] = field(
+        default=(0,),
+        metadata={"help": "Outer sync settings to compare as an axis: rounds between syncs (H), 0 for none. "
+                  "Synced runs need nodes of one model (--models tiny-m)."},
+    )  # fmt: skip
+    outer_lr: float | None = field(
+        default=None, metadata={"help": "Outer learning rate of synced runs (default: the node's)."}
+    )
+    warm_start: int = field(
+        default=0,
+        metadata={"help": "Supervised warm-start steps every node takes before its first round (one shared prior, "
+                  "SAPO's same-model regime); 0: off."},
+    )  # fmt: skip
+    eval_every: int = field(
+        default=20, metadata={"help": "Rounds between held-out evaluations of every node (0: off)."}
+    )
+    eval_items: int = field(default=64, metadata={"help": "Held-out questions per task family."})
+    eval_samples: int = field(
+        default=4, metadata={"help": "Sampled completions per held-out question (0: greedy accuracy only)."}
+    )
+    primary: str = field(
+        default="",
+        metadata={"help": "The one comparison declared before the sweep, as LABEL:SPLIT (e.g. advantage+sync10:4/4); "
+                  "the tables mark it."},
+    )  # fmt: skip
     reference_splits: tuple[str, ...] = field(
         default=(),
         metadata={"help": "No-sharing splits with more local groups (e.g. 16/0: twice the local data), shown for "
@@ -73,6 +98,12 @@ class ExperimentConfig:
         self.reference_splits = tuple(self.reference_splits)
         self.tasks = tuple(self.tasks)
         self.models = tuple(self.models)
+        try:
+            self.sync_every = tuple(int(x) for x in self.sync_every)
+        except ValueError:
+            raise ValueError(
+                f"sync_every={','.join(map(str, self.sync_every))}; use whole numbers of rounds, e.g. 0,10"
+            ) from None
         checks = [
             (1 <= self.nodes <= 64, f"nodes={self.nodes}; use 1-64"),
             (self.seeds >= 1, f"seeds={self.seeds}; use at least 1"),
@@ -85,6 +116,13 @@ class ExperimentConfig:
             (self.max_new_tokens >= 0, f"max_new_tokens={self.max_new_tokens}; use 0 (default) or more"),
             (self.round_timeout > 0, f"round_timeout={self.round_timeout}; use a positive number of seconds"),
             (0 <= self.min_generate <= 3600, f"min_generate={self.min_generate}; use seconds in [0, 3600] (0: off)"),
+            (bool(self.sync_every) and min(self.sync_every) >= 0, "sync_every needs values >= 0, e.g. 0,10"),
+            (len(set(self.sync_every)) == len(self.sync_every), "sync_every has duplicates; e.g. 0,10"),
+            (self.outer_lr is None or 0 < self.outer_lr <= 10, f"outer_lr={self.outer_lr}; use a value in (0, 10]"),
+            (0 <= self.warm_start <= 100_000, f"warm_start={self.warm_start}; use 0 (off) to 100000 steps"),
+            (self.eval_every >= 0, f"eval_every={self.eval_every}; use 0 (off) or a number of rounds"),
+            (1 <= self.eval_items <= 4096, f"eval_items={self.eval_items}; use 1-4096"),
+            (0 <= self.eval_samples <= 64, f"eval_samples={self.eval_samples}; use 0-64"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -135,7 +173,7 @@ class ExperimentConfig:
         return {f.name: str(f.metadata.get("help", "")) for f in fields(cls)}
 
 
-LIST_FIELDS = {"splits", "sampling", "tasks", "models", "objectives", "reference_splits"}
+LIST_FIELDS = {"splits", "sampling", "tasks", "models", "objectives", "reference_splits", "sync_every"}
 """Fields given as comma-separated lists on the command line."""
 
 

@@ -44,6 +44,12 @@ class NodeResult:
     round_s: float = 0.0
     diagnostics: dict[str, float] = field(default_factory=dict)
     diagnostic_curves: dict[str, list[float | None]] = field(default_factory=dict)
+    heldout: tuple[tuple[int, float], ...] = ()
+    """(round, greedy held-out accuracy) of each evaluation (round 0: before training)."""
+    heldout_reward: tuple[tuple[int, float], ...] = ()
+    """(round, mean reward of sampled completions on the held-out questions)."""
+    cpu_s: float = 0.0
+    """CPU seconds the node process used (user + system), 0 where its summary is missing."""
 
     @property
     def cumulative(self) -> float:
@@ -244,11 +250,24 @@ def share_baseline(runs: Sequence[RunResult], samplings: Sequence[str]) -> list[
     for r in runs:
         if parse_split(r.split)[1] != 0:
             continue
-        out += [replace(r, sampling=s) for s in samplings if (s, r.split, r.seed) not in have]
+        for s in samplings:
+            if sync_of(s) == sync_of(r.sampling) and (s, r.split, r.seed) not in have:
+                out.append(replace(r, sampling=s))
+                have.add((s, r.split, r.seed))
     return out
 
 
-def _split_order(split: str) -> tuple[int, int]:
+def sync_of(label: str) -> str:
+    """The sync part of a policy label (``"+sync10"`` of ``"advantage+sync10"``), "" for an unsynced one.
+
+    >>> sync_of("advantage+sync10"), sync_of("advantage+tis")
+    ('+sync10', '')
+    """
+    last = label.rpartition("+")[2]
+    return "+" + last if last.startswith("sync") and last[4:].isdigit() else ""
+
+
+def split_order(split: str) -> tuple[int, int]:
     local, external = parse_split(split)
     return external, -local
 
@@ -267,11 +286,13 @@ def summarize(
         groups.setdefault((r.sampling, r.split), []).append(r)
     baselines: dict[str, float] = {}
     for (sampling, split), rs in groups.items():
+        if sync_of(sampling):
+            continue  # a synced run's ratio is to the unsynced baseline, like every other row's
         if split == baseline_split or (baseline_split is None and parse_split(split)[1] == 0):
             baselines[sampling] = statistics.fmean(r.cumulative for r in rs)
     fallback = next(iter(baselines.values()), None)
     rank = {name: i for i, name in enumerate(order)}
-    keys = sorted(groups, key=lambda k: (rank.get(k[0], len(rank)), k[0], _split_order(k[1])))
+    keys = sorted(groups, key=lambda k: (rank.get(k[0], len(rank)), k[0], split_order(k[1])))
     return [summarize_split(groups[k], baselines.get(k[0], fallback)) for k in keys]
 
 
@@ -354,15 +375,15 @@ def paired_t_p(diffs: Sequence[float]) -> float | None:
 
 def paired_tests(runs: Sequence[RunResult], baseline_split: str, order: Sequence[str] = ()) -> list[PairedTest]:
     """Every (policy, split) other than ``baseline_split`` against that split's run of the same seed."""
-    base = {r.seed: r.cumulative for r in runs if r.split == baseline_split}
+    base = {r.seed: r.cumulative for r in runs if r.split == baseline_split and not sync_of(r.sampling)}
     groups: dict[tuple[str, str], dict[int, float]] = {}
     for r in runs:
-        if r.split != baseline_split and r.seed in base:
+        if (r.split != baseline_split or sync_of(r.sampling)) and r.seed in base:
             groups.setdefault((r.sampling, r.split), {})[r.seed] = r.cumulative
     rank = {name: i for i, name in enumerate(order)}
     out = []
     for (sampling, split), by_seed in sorted(
-        groups.items(), key=lambda kv: (rank.get(kv[0][0], len(rank)), kv[0][0], _split_order(kv[0][1]))
+        groups.items(), key=lambda kv: (rank.get(kv[0][0], len(rank)), kv[0][0], split_order(kv[0][1]))
     ):
         seeds = sorted(by_seed)
         diffs = [by_seed[s] - base[s] for s in seeds]
@@ -458,14 +479,38 @@ def load_run(run_dir: Path, sampling: str, split: str, seed: int, wall_s: float 
                 round_s=statistics.fmean(float(e["round_s"]) for e in rounds) if rounds else 0.0,
                 diagnostics=node_diagnostics(rounds),
                 diagnostic_curves=diagnostic_curves(rounds),
+                heldout=_eval_series(events, "accuracy"),
+                heldout_reward=_eval_series(events, "sample_reward"),
+                cpu_s=float(next((e.get("cpu_s") or 0.0 for e in events if e.get("event") == "summary"), 0.0)),
             )
         )
     return RunResult(sampling, split, seed, tuple(nodes), wall_s)
 
 
+def _eval_series(events: Sequence[Mapping[str, Any]], key: str) -> tuple[tuple[int, float], ...]:
+    """(round, value) of each complete ``eval`` event with ``key``, by round (the last one of a round wins)."""
+    by_round: dict[int, float] = {}
+    for e in events:
+        if e.get("event") == "eval" and e.get("complete", True) and e.get(key) is not None:
+            by_round[int(e["round"])] = float(e[key])
+    return tuple(sorted(by_round.items()))
+
+
+def _pairs(raw: Sequence[Sequence[Any]]) -> tuple[tuple[int, float], ...]:
+    return tuple((int(r), float(v)) for r, v in raw)
+
+
 def run_from_json(data: Mapping[str, Any]) -> RunResult:
     """Inverse of :meth:`RunResult.to_json` (derived fields are ignored)."""
     keys: tuple[str, ...] = ("peer", "model", "external_groups", "trained_groups", "fetch_failed", "rejected")
-    keys += ("round_s", "diagnostics", "diagnostic_curves")
-    nodes = tuple(NodeResult(curve=tuple(n["curve"]), **{k: n[k] for k in keys if k in n}) for n in data["nodes"])
+    keys += ("round_s", "diagnostics", "diagnostic_curves", "cpu_s")
+    nodes = tuple(
+        NodeResult(
+            curve=tuple(n["curve"]),
+            heldout=_pairs(n.get("heldout", ())),
+            heldout_reward=_pairs(n.get("heldout_reward", ())),
+            **{k: n[k] for k in keys if k in n},
+        )
+        for n in data["nodes"]
+    )
     return RunResult(data["sampling"], data["split"], int(data["seed"]), nodes, float(data.get("wall_s", 0.0)))

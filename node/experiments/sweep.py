@@ -28,6 +28,7 @@ from pathlib import Path
 
 from node.core.options import LocalOptions, to_argv
 from node.experiments.config import ExperimentConfig
+from node.experiments.learning import heldout_table, plot_heldout, summarize_heldout
 from node.experiments.results import (
     RunResult,
     diagnostics_table,
@@ -40,6 +41,7 @@ from node.experiments.results import (
     run_from_json,
     share_baseline,
     summarize,
+    sync_of,
 )
 from node.observe.metrics import read_events
 from node.training.offpolicy import OffPolicyConfig
@@ -59,6 +61,7 @@ class Run:
     external: int
     seed: int
     objective: str = "plain"
+    sync_every: int = 0
 
     @property
     def split(self) -> str:
@@ -66,8 +69,9 @@ class Run:
 
     @property
     def label(self) -> str:
-        """The policy column of the tables: the sampling policy, ``+objective`` unless plain."""
-        return self.sampling if self.objective == "plain" else f"{self.sampling}+{self.objective}"
+        """The policy column of the tables: the sampling policy, ``+objective`` unless plain, ``+syncH`` if synced."""
+        label = self.sampling if self.objective == "plain" else f"{self.sampling}+{self.objective}"
+        return label + sync_suffix(self.sync_every)
 
     @property
     def name(self) -> str:
@@ -75,28 +79,35 @@ class Run:
         return f"runs/{self.label}/{self.local}-{self.external}/seed{self.seed}"
 
 
+def sync_suffix(sync_every: int) -> str:
+    """The label suffix of a synced run (``+sync10``), "" without the sync."""
+    return f"+sync{sync_every}" if sync_every else ""
+
+
 def plan_runs(cfg: ExperimentConfig) -> list[Run]:
     """All runs of the sweep, seed-major so that a partial sweep covers every split early.
 
     A split without external groups depends on neither the sampling policy nor the objective,
-    so it runs once (under the first of each) and is shared by all; reference splits likewise.
+    so it runs once per sync setting (under the first policy) and is shared by all; reference
+    splits run once, without the sync.
     """
     runs: list[Run] = []
     first = (cfg.sampling[0], cfg.objectives[0])
     for seed in cfg.seed_values():
-        for sampling in cfg.sampling:
-            for objective in cfg.objectives:
-                for local, external in cfg.split_pairs():
-                    if external == 0 and (sampling, objective) != first:
-                        continue
-                    runs.append(Run(sampling, local, external, seed, objective))
+        for sync in cfg.sync_every:
+            for sampling in cfg.sampling:
+                for objective in cfg.objectives:
+                    for local, external in cfg.split_pairs():
+                        if external == 0 and (sampling, objective) != first:
+                            continue
+                        runs.append(Run(sampling, local, external, seed, objective, sync))
         runs += [Run(first[0], *parse_split(s), seed, first[1]) for s in cfg.reference_splits]
     return runs
 
 
 def labels(cfg: ExperimentConfig) -> list[str]:
-    """Every policy label of the sweep, in table order."""
-    return [Run(s, 1, 1, 0, o).label for s in cfg.sampling for o in cfg.objectives]
+    """Every policy label of the sweep, in table order (the unsynced ones first)."""
+    return [Run(s, 1, 1, 0, o, h).label for h in sorted(cfg.sync_every) for s in cfg.sampling for o in cfg.objectives]
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -124,7 +135,11 @@ def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path) -> list[str]:
         models=",".join(cfg.models), lr=cfg.lr, max_new_tokens=cfg.max_new_tokens, task=tuple(cfg.tasks),
         external_min_logp=objective.min_token_logp, external_is_cap=objective.is_cap,
         external_baseline=objective.baseline, diagnose_groups=cfg.diagnose, min_generate=cfg.min_generate,
+        sync_every=run.sync_every, warm_start=cfg.warm_start, eval_every=cfg.eval_every, eval_items=cfg.eval_items,
+        eval_samples=cfg.eval_samples,
     )  # fmt: skip
+    if run.sync_every and cfg.outer_lr is not None:
+        opts.outer_lr = cfg.outer_lr
     return [sys.executable, "-m", "node", "local", *to_argv(opts, only="changed")]
 
 
@@ -232,21 +247,33 @@ def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path) ->
     shared = share_baseline(results, order)
     summaries = summarize(shared, order=order, baseline_split=cfg.baseline_split)
     tests = paired_tests(shared, cfg.baseline_split, order) if cfg.baseline_split else []
-    tests = [t for t in tests if parse_split(t.split)[1] != 0 or t.sampling == order[0]]
+    firsts = {sync_of(label): label for label in reversed(order)}  # the first label of each sync setting
+
+    def shown_row(label: str, split: str) -> bool:  # a no-sharing split: once per sync setting
+        return parse_split(split)[1] != 0 or firsts.get(sync_of(label)) == label
+
+    tests = [t for t in tests if shown_row(t.sampling, t.split)]
+    baseline = (order[0], cfg.baseline_split or cfg.splits[0])
+    learned = [h for h in summarize_heldout(shared, baseline, order) if shown_row(h.label, h.split)]
     data = {
         "config": cfg.to_json(),
         "reference": SAPO_REFERENCE,
         "summary": [asdict(s) for s in summaries],
         "paired": [asdict(t) for t in tests],
+        "heldout": [asdict(h) for h in learned],
         "runs": [r.to_json() for r in results],
     }
     write_atomic(out / "results.json", json.dumps(data))
     title = f"{cfg.nodes} nodes, {cfg.rounds} rounds, {cfg.generations} completions/question, tasks: "
     title += ",".join(cfg.tasks) or "all"
     # a no-sharing split is the same runs under every policy: its rows once, under the first policy
-    shown = [s for s in summaries if parse_split(s.split)[1] != 0 or s.sampling == order[0]]
+    shown = [s for s in summaries if shown_row(s.sampling, s.split)]
     table = markdown_table(shown, reference_splits=cfg.reference_splits)
-    text = f"# Experiment results\n\n{title}\n\n{table}\n\nCumulative reward per model:\n\n"
+    text = f"# Experiment results\n\n{title}\n\n"
+    if learned:
+        text += f"Held-out accuracy, paired by seed against {baseline[0]} {baseline[1]}:\n\n"
+        text += heldout_table(learned, baseline, cfg.primary) + "\n\nTraining reward (each node's own stream):\n\n"
+    text += f"{table}\n\nCumulative reward per model:\n\n"
     text += per_model_table(shown) + "\n"
     if tests:
         text += f"\nPaired over seeds, each run against the {cfg.baseline_split} run of its seed:\n\n"
@@ -257,5 +284,7 @@ def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path) ->
     write_atomic(out / "results.md", text)
     plot_reward_curves(summaries, out / "reward_curves.png", title=title)
     plot_cumulative(summaries, out / "cumulative.png", title=title)
+    if learned:
+        plot_heldout(learned, out / "heldout.png", title=title)
     if any(s.diagnostic_curves for s in summaries):
         plot_sources(summaries, out / "sources.png", title=title)

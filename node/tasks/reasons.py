@@ -27,6 +27,9 @@ class RejectReason(StrEnum):
     BUILD_BUDGET = "task build budget spent"
     PUBLISHER_QUOTA = "publisher quota spent"
     INGEST_DEADLINE = "ingest time budget spent"
+    HELD_OUT = "held-out evaluation prompt"
+    """A prompt of the evaluation split (:mod:`node.tasks.heldout`): training on it would turn the
+    node's held-out score into a training score. Not a fault: a peer of another version may split otherwise."""
 
 
 FAULTS: frozenset[RejectReason] = frozenset(

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from node.tasks.base import BadTaskConfig, TaskDigestMismatch, TaskFamily, TaskItem, UnknownTask
 from node.tasks.builtin import BUILTIN_TASKS
+from node.tasks.heldout import training_item
 from node.tasks.reasoning_gym import RG_TASK_NAMES, rg_family_class
 from protocol.schema import RolloutGroup, Scalar, TaskRef, config_digest
 
@@ -86,12 +87,12 @@ class TaskMix:
         self.weights = list(weights) if weights is not None else [1.0] * len(families)
 
     def sample(self, round: int, n: int) -> list[TaskItem]:
-        """``n`` items for ``round``: a pure function of (families, weights, seed, round, n)."""
-        if not 0 <= n < _INDEX_STRIDE or round < 0:
-            raise ValueError(f"need 0 <= n < {_INDEX_STRIDE} and round >= 0")
+        """``n`` items for ``round``: a pure function of (families, weights, seed, round, n), none held out."""
+        if not 0 <= n < _INDEX_STRIDE or not 0 <= round < 2**35:
+            raise ValueError(f"need 0 <= n < {_INDEX_STRIDE} and 0 <= round < 2^35")
         rng = random.Random(int.from_bytes(hashlib.sha256(f"mix|{self.seed}|{round}".encode()).digest()[:8], "big"))
         chosen = rng.choices(self.families, weights=self.weights, k=n)
-        return [fam.item(self.seed, round * _INDEX_STRIDE + i) for i, fam in enumerate(chosen)]
+        return [training_item(fam, self.seed, round * _INDEX_STRIDE + i) for i, fam in enumerate(chosen)]
 
 
 def rollout_group(item: TaskItem, completions: Sequence[str], rewards: Sequence[float], model_id: str) -> RolloutGroup:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from node.tasks.acceptance import Acceptance, Refusal, check_shape
+from node.tasks.heldout import is_held_out
 from node.tasks.reasons import FAULTS, RejectReason
 from node.tasks.registry import TaskFamily, TaskItem, UnknownTask, task_from_ref
 from protocol.schema import RolloutGroup, TaskRef
@@ -141,6 +142,8 @@ def _verify(group: RolloutGroup, accept: Acceptance | None, source_peer: str, ma
     family, item, built = found
     if group.prompt != item.prompt:
         return _rejected((RejectReason.PROMPT_MISMATCH, ""), built)
+    if is_held_out(family.name, item.prompt):
+        return _rejected((RejectReason.HELD_OUT, f"{family.name} {item.prompt!r}"), built)
     refusal = accept.check_tokens(item.prompt, group.completions) if accept is not None else None
     if refusal is not None:
         return _rejected(refusal, built)

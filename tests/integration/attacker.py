@@ -45,6 +45,7 @@ from typing import Any
 
 import hivemind
 
+from node.tasks.heldout import training_item
 from node.tasks.registry import build_task
 from protocol import Descriptor, RolloutBatch, RolloutGroup, SigningKey, payload_digest, seal_batch, seal_descriptor
 from swarm.exchange import window_key
@@ -114,14 +115,14 @@ class Publisher:
             # while the attacker builds its 128 datasets once
             if not self._foreign:
                 family = build_task(FOREIGN_FAMILY)
-                items = [family.item(seed=random.randrange(2**40), index=0) for _ in range(128)]
+                items = [training_item(family, random.randrange(2**40), 0) for _ in range(128)]
                 self._foreign = [
                     RolloutGroup(i.ref, i.prompt, ("<answer>1</answer>",) * 4, (0.0,) * 4, "x") for i in items
                 ]
             half = 64 * (self.round % 2)
             return tuple(self._foreign[half : half + 64])
         family = build_task(HONEST_FAMILY)
-        items = [family.item(seed=random.randrange(2**40), index=0) for _ in range(4)]
+        items = [training_item(family, random.randrange(2**40), 0) for _ in range(4)]
 
         def completions(answer: str) -> tuple[str, ...]:
             if self.mode == "amplify":

@@ -37,9 +37,16 @@ def test_experiment_writes_results_table_and_plots_then_resumes(procs: Procs, tm
     shared = next(r for r in data["runs"] if r["split"] == "2/2")
     assert sum(n["external_groups"] for n in shared["nodes"]) > 0, "the 2/2 run must train on external groups"
 
+    # held-out accuracy before the first round and after the last, every node, paired against 4/0
+    assert [(h["split"], h["seeds"]) for h in data["heldout"]] == [("4/0", [0]), ("2/2", [0])]
+    for r in data["runs"]:
+        assert all([x[0] for x in n["heldout"]] == [0, 4] for n in r["nodes"])
+        assert all(n["cpu_s"] > 0 for n in r["nodes"])
+    assert len(data["heldout"][1]["ratios"]) == 1
     table = (out / "results.md").read_text()
     assert "| uniform | 4/0 | 1 |" in table and "| uniform | 2/2 | 1 |" in table
-    for png in ("reward_curves.png", "cumulative.png"):
+    assert "Held-out accuracy, paired by seed against uniform 4/0" in table
+    for png in ("reward_curves.png", "cumulative.png", "heldout.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     metrics = list((out / "runs").glob("*/*/seed0/*/metrics.jsonl"))
     assert len(metrics) == 4

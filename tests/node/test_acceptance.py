@@ -18,6 +18,7 @@ import reasoning_gym
 from node.tasks import reasoning_gym as rg
 from node.tasks.acceptance import Acceptance
 from node.tasks.base import TaskFamily
+from node.tasks.heldout import training_item
 from node.tasks.reasons import FAULTS, RejectReason
 from node.tasks.registry import build_task, rollout_group
 from node.tasks.verify import verify_external
@@ -59,7 +60,7 @@ def policy(
 
 
 def honest(family: TaskFamily = MAX, seed: int = 1, completions: Sequence[str] | None = None) -> RolloutGroup:
-    item = family.item(seed, 7)
+    item = training_item(family, seed, 7)
     comps = list(completions) if completions is not None else [item.answer, "x", item.answer, "y"]
     return rollout_group(item, comps, [family.score(item, c) for c in comps], "tiny-s")
 
@@ -182,7 +183,7 @@ def test_a_generator_failing_on_a_peers_seed_is_a_refusal_not_a_crash() -> None:
     family = Fragile()
     ok_seed = next(s for s in range(100) if family._rng(s, 0).random() >= 0.5)
     bad_seed = next(s for s in range(100) if family._rng(s, 0).random() < 0.5)
-    good = rollout_group(family.item(ok_seed, 0), ["a", "b"], [1.0, 0.0], "tiny-s")
+    good = rollout_group(training_item(family, ok_seed, 0), ["a", "b"], [1.0, 0.0], "tiny-s")
     bad = dataclasses.replace(good, task=TaskRef.make("fragile", {}, bad_seed, 0))
     assert verify_external(good, policy(family)).ok
     v = verify_external(bad, policy(family))
@@ -213,7 +214,7 @@ def test_a_bad_policy_names_the_fix(field: str, value: Any, fix: str) -> None:
 def test_a_group_larger_than_the_nodes_own_is_cut_to_g_before_it_is_tokenised() -> None:
     tokens = Tokens()
     accept = dataclasses.replace(policy(tokens=tokens), max_completions=4)
-    item = MAX.item(seed=3, index=0)
+    item = training_item(MAX, 3, 0)
     big = dataclasses.replace(rollout_group(item, [item.answer] * 64, [1.0] * 64, "m"), logprobs=(-1.0,) * 64)
     verdict = verify_external(big, accept)
     assert verdict.group is not None and verdict.trimmed == 60

@@ -13,6 +13,7 @@ import pytest
 
 from node.dashboard import prometheus
 from node.dashboard.data import MetricsTail, SwarmView
+from node.dashboard.page import PAGE
 from node.dashboard.server import Dashboard, DashboardConfig, host_allowed, swarm_view
 from node.observe.metrics import MetricsWriter
 
@@ -28,6 +29,17 @@ def write_node(path: Path, peer: str, rounds: int, start_round: int = 0) -> Metr
             bytes_out=50 * r, round_s=0.5,
         )  # fmt: skip
     return w
+
+
+def write_eval(w: MetricsWriter, peer: str, rnd: int, accuracy: float, /, **extra: Any) -> None:
+    fields: dict[str, Any] = {
+        "time": 10.0 + rnd, "peer": peer, "round": rnd, "accuracy": accuracy, "sample_reward": accuracy / 2,
+        "per_family": {"max": accuracy, "sum": 1.0 - accuracy}, "items": 128, "eval_s": 1.5, "complete": True,
+    }  # fmt: skip
+    w.write("eval", **{**fields, **extra})
+
+
+SAMPLE = re.compile(r'^[a-z_]+\{(?:[a-z_]+="[^"\\]*",?)+\} -?\d+(?:\.\d+)?(?:e[-+]\d+)?$')
 
 
 def test_tail_reads_only_complete_new_lines(tmp_path: Path) -> None:
@@ -64,12 +76,115 @@ def test_prometheus_text_is_well_formed(tmp_path: Path) -> None:
     for peer in ("peer-aaaaaa", "peer-bbbbbb"):
         write_node(tmp_path / peer[-6:] / "metrics.jsonl", peer, 4).close()
     text = prometheus.render(swarm_view(tmp_path, "t").snapshot())
-    sample = re.compile(r'^[a-z_]+\{(?:[a-z_]+="[^"\\]*",?)+\} -?\d+(?:\.\d+)?(?:e[-+]\d+)?$')
     for line in text.splitlines():
-        assert line.startswith("# HELP ") or line.startswith("# TYPE ") or sample.match(line), line
+        assert line.startswith("# HELP ") or line.startswith("# TYPE ") or SAMPLE.match(line), line
     assert 'swarm_node_round{peer="aaaaaa",model="tiny-s"} 4' in text
     assert 'swarm_node_external_rejected_total{peer="bbbbbb",model="tiny-s",reason="prompt mismatch"} 4' in text
     assert 'swarm_node_rollout_bytes_total{peer="aaaaaa",model="tiny-s",direction="in"} 400' in text
+
+
+def test_heldout_start_and_latest_per_node_and_swarm_mean(tmp_path: Path) -> None:
+    a = write_node(tmp_path / "aaaaaa" / "metrics.jsonl", "peer-aaaaaa", 0)
+    write_eval(a, "peer-aaaaaa", 0, 0.25)  # before training: the start of "start -> now"
+    for r in range(1, 5):
+        a.write("round", time=10.0 + r, peer="peer-aaaaaa", round=r, reward_mean=0.1)
+        if r % 2 == 0:
+            write_eval(a, "peer-aaaaaa", r, 0.25 + r / 10, complete=r < 4)
+    a.close()
+    b = write_node(tmp_path / "bbbbbb" / "metrics.jsonl", "peer-bbbbbb", 2)
+    write_eval(b, "peer-bbbbbb", 0, 0.5, sample_reward=None)
+    b.close()
+    write_node(tmp_path / "cccccc" / "metrics.jsonl", "peer-cccccc", 2).close()  # evaluation off
+
+    snap = swarm_view(tmp_path, "t").snapshot(now=20.0)
+    heldout = {n["peer"]: n["heldout"] for n in snap["nodes"]}
+    assert heldout["aaaaaa"] == {
+        "accuracy": 0.65, "round": 4, "sample_reward": 0.325, "age_s": 6.0, "per_family": {"max": 0.65, "sum": 0.35},
+        "items": 128, "complete": False, "first_accuracy": 0.25, "first_round": 0,
+        "series": [[0, 0.25], [2, 0.45], [4, 0.65]],
+    }  # fmt: skip
+    assert heldout["bbbbbb"]["accuracy"] == heldout["bbbbbb"]["first_accuracy"] == 0.5
+    assert heldout["bbbbbb"]["sample_reward"] is None and heldout["cccccc"] is None
+    totals = snap["totals"]
+    assert totals["heldout_nodes"] == 2  # the node that never evaluated does not pull the mean down
+    assert totals["heldout_accuracy"] == pytest.approx((0.65 + 0.5) / 2)
+    assert totals["heldout_first_accuracy"] == pytest.approx((0.25 + 0.5) / 2)
+
+
+def test_heldout_prometheus_gauges(tmp_path: Path) -> None:
+    w = write_node(tmp_path / "aaaaaa" / "metrics.jsonl", "peer-aaaaaa", 3)
+    write_eval(w, "peer-aaaaaa", 0, 0.25)
+    write_eval(w, "peer-aaaaaa", 3, 0.5, per_family={"max": 0.75, 'we"ird': 0.25})
+    w.close()
+    write_node(tmp_path / "bbbbbb" / "metrics.jsonl", "peer-bbbbbb", 3).close()
+    text = prometheus.render(swarm_view(tmp_path, "t").snapshot())
+    for line in text.splitlines():
+        assert line.startswith("#") or SAMPLE.match(line) or 'family="we\\"ird"' in line, line
+    for name in ("accuracy", "sample_reward", "round", "family_accuracy"):
+        assert f"# TYPE swarm_node_heldout_{name} gauge" in text and f"# HELP swarm_node_heldout_{name} " in text
+    assert 'swarm_node_heldout_accuracy{peer="aaaaaa",model="tiny-s"} 0.5' in text.splitlines()
+    assert 'swarm_node_heldout_sample_reward{peer="aaaaaa",model="tiny-s"} 0.25' in text.splitlines()
+    assert 'swarm_node_heldout_round{peer="aaaaaa",model="tiny-s"} 3' in text.splitlines()
+    assert 'swarm_node_heldout_family_accuracy{peer="aaaaaa",model="tiny-s",family="max"} 0.75' in text
+    assert 'swarm_node_heldout_family_accuracy{peer="aaaaaa",model="tiny-s",family="we\\"ird"} 0.25' in text
+    assert not [line for line in text.splitlines() if line.startswith("swarm_node_heldout") and "bbbbbb" in line]
+
+
+def test_node_without_eval_has_no_heldout_figures(tmp_path: Path) -> None:
+    write_node(tmp_path / "aaaaaa" / "metrics.jsonl", "peer-aaaaaa", 2).close()
+    snap = swarm_view(tmp_path, "t").snapshot(now=5.0)
+    assert snap["nodes"][0]["heldout"] is None
+    assert snap["totals"]["heldout_accuracy"] is None and snap["totals"]["heldout_nodes"] == 0
+    text = prometheus.render(snap)
+    assert "# TYPE swarm_node_heldout_accuracy gauge" in text
+    assert not [line for line in text.splitlines() if line.startswith("swarm_node_heldout")]
+
+
+BAD_EVALS = [
+    {"accuracy": "0.5"},
+    {"accuracy": None},
+    {"accuracy": 1.5},
+    {"accuracy": True},
+    {"accuracy": [0.5]},
+    {"round": "3"},
+    {"round": -1},
+    {"round": 2.5},
+    {"round": None},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_EVALS, ids=[str(b) for b in BAD_EVALS])
+def test_malformed_eval_event_is_skipped_not_a_crash(tmp_path: Path, bad: dict[str, Any]) -> None:
+    path = tmp_path / "aaaaaa" / "metrics.jsonl"
+    w = write_node(path, "peer-aaaaaa", 2)
+    write_eval(w, "peer-aaaaaa", 0, 0.25)
+    write_eval(w, "peer-aaaaaa", 2, 0.75, **bad)
+    w.close()
+    heldout = SwarmView("t", lambda: [path]).snapshot(now=20.0)["nodes"][0]["heldout"]
+    assert heldout["accuracy"] == heldout["first_accuracy"] == 0.25 and heldout["round"] == 0
+
+
+def test_missing_fields_and_raw_bad_lines_do_not_break_the_view(tmp_path: Path) -> None:
+    path = tmp_path / "aaaaaa" / "metrics.jsonl"
+    write_node(path, "peer-aaaaaa", 1).close()
+    with open(path, "a") as f:
+        f.write('{"event":"eval","time":3,"peer":"peer-aaaaaa","round":1}\n')  # no accuracy
+        f.write('{"event":"eval","time":3,"peer":"peer-aaaaaa","accuracy":0.5}\n')  # no round
+        f.write('{"event":"eval","time":3,"round":1,"accuracy":NaN}\n')  # Python's json reads NaN
+        f.write('{"event":"eval","time":"x","round":1.0,"accuracy":0.5,"sample_reward":"high",')
+        f.write('"per_family":{"max":"good","sum":0.5,"mul":2},"items":"many","complete":"yes"}\n')
+    snap = SwarmView("t", lambda: [path]).snapshot(now=20.0)
+    heldout = snap["nodes"][0]["heldout"]
+    assert heldout["accuracy"] == 0.5 and heldout["round"] == 1  # the one usable event; bad extras read as unknown
+    assert heldout["sample_reward"] is None and heldout["per_family"] == {"sum": 0.5}
+    assert heldout["items"] is None and heldout["complete"] is None and heldout["age_s"] is None
+    assert "swarm_node_heldout_sample_reward{" not in prometheus.render(snap)
+
+
+def test_page_has_heldout_column_card_and_panel() -> None:
+    for marker in ("<th>held-out</th>", 'id="t-heldout"', 'id="heldout-chart"', 'id="heldout-families"'):
+        assert marker in PAGE, marker
+    assert "heldoutCells(n.heldout)" in PAGE and "drawHeldout(d.nodes)" in PAGE
 
 
 def test_server_serves_page_json_and_metrics(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from node.core.record import Collected, PublisherTally
 from node.tasks import reasoning_gym as rg
 from node.tasks.acceptance import Acceptance
 from node.tasks.base import TaskFamily
+from node.tasks.heldout import training_item
 from node.tasks.reasons import RejectReason
 from node.tasks.registry import build_task, rollout_group
 from node.tasks.verify import TrainGroup
@@ -54,7 +55,7 @@ def acceptance(*families: TaskFamily) -> Acceptance:
 
 
 def group(index: int, family: TaskFamily = MAX, seed: int = 1, flat: bool = False) -> RolloutGroup:
-    item = family.item(seed, index)
+    item = training_item(family, seed, index)
     right = item.answer if family is MAX else f"<answer>{item.answer}</answer>"
     comps = ["x", "y"] if flat else [right, "x"]
     return rollout_group(item, comps, [family.score(item, c) for c in comps], "tiny-s")

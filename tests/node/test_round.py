@@ -29,9 +29,11 @@ from node.core.record import RoundRecord
 from node.observe.logs import CONTEXT
 from node.observe.metrics import read_events
 from node.tasks import reasoning_gym as rg
+from node.tasks.heldout import training_item
 from node.tasks.registry import UnknownTask, build_task, rollout_group
 from node.tasks.verify import RejectReason, TrainGroup, verify_external
 from node.training.device import params_digest
+from node.training.evaluate import EvalConfig
 from node.training.offpolicy import OffPolicyConfig
 from node.training.policy import GenerationConfig
 from protocol import Descriptor, RolloutBatch, RolloutGroup, short_id
@@ -202,7 +204,7 @@ def peer_ids(tmp_path: Path, n: int) -> list[str]:
 
 def group(index: int, completions: Sequence[str], claimed: Sequence[float] | None = None) -> RolloutGroup:
     """A peer's group for item ``index`` of family ``max`` (seed 77); rewards claimed honestly unless given."""
-    item = MAX.item(77, index)
+    item = training_item(MAX, 77, index)
     comps = [item.answer if c == "ANSWER" else c for c in completions]
     rewards = [MAX.score(item, c) for c in comps] if claimed is None else list(claimed)
     return rollout_group(item, comps, rewards, "tiny-s")
@@ -299,7 +301,7 @@ def test_collect_counts_every_rejection_mismatch_and_failure(
     node = make_node(h, external_groups=3, max_source_share=1.0)  # one peer may fill all 3 slots here
     p1, p2, p3, p4 = peer_ids(tmp_path, 4)
     wrong_prompt = dataclasses.replace(informative(3), prompt="max 0000=")
-    assert wrong_prompt.prompt != MAX.item(77, 3).prompt
+    assert wrong_prompt.prompt != training_item(MAX, 77, 3).prompt
     lying = group(4, ["ANSWER", "x", "y", "z"], claimed=[1.0, 1.0, 1.0, 0.0])  # true (1, 0, 0, 0): 2 lies
     h.exchange.queued.append(
         CollectResult(
@@ -448,7 +450,7 @@ def hostile_groups(family_name: str, n: int, first_seed: int) -> list[RolloutGro
     family = build_task(family_name)
     groups = []
     for k in range(n):
-        item = family.item(first_seed + k, 0)
+        item = training_item(family, first_seed + k, 0)
         comps = [item.answer, "x"]  # short enough for a tiny node's budget: exact_match reads the last line
         groups.append(rollout_group(item, comps, [family.score(item, c) for c in comps], "tiny-s"))
     return groups
@@ -458,7 +460,7 @@ def long_groups() -> list[RolloutGroup]:
     """Groups of our own family, each with one right answer and three 1,000-character wrong ones (signal)."""
     groups = []
     for i in range(4):
-        item = MAX.item(4242, i)
+        item = training_item(MAX, 4242, i)
         comps = [item.answer, "9" * 1000, "8" * 1000, "7" * 1000]
         groups.append(rollout_group(item, comps, [MAX.score(item, c) for c in comps], "tiny-s"))
     return groups
@@ -520,7 +522,7 @@ def test_the_trainer_skips_a_group_past_the_context_whatever_let_it_through(
     h = Harness()
     h.exchange.banned = 3
     node = make_node(h, model="tiny-gpt2", external_groups=1)
-    item = MAX.item(5, 5)
+    item = training_item(MAX, 5, 5)
     comps = (item.answer, "9" * 1000)
     node.pool.add([TrainGroup(item.prompt, comps, (1.0, 0.0), "peer", "max", item.ref)])
 
@@ -809,3 +811,33 @@ def test_with_the_outer_sync_on_every_seed_starts_from_one_revision_0_state(
     synced = NodeParts(sync=OuterSyncConfig(sync_every=4))
     assert first_weights(1, synced) == first_weights(2, synced)
     assert first_weights(1, NodeParts()) != first_weights(2, NodeParts())  # alone, --seed sets the init
+
+
+def test_held_out_evaluations_come_before_training_every_k_rounds_and_after_the_last(
+    make_node: NodeMaker, tmp_path: Path
+) -> None:
+    """The eval events a run's tables are built from: round 0 (the start), each multiple of K, the last round."""
+    parts = NodeParts(evaluation=EvalConfig(every=2, items=8, samples=2))
+    node = make_node(Harness(), parts, rounds=5)
+    node.run()
+    events = metric_events(node, "eval")
+    assert [e["round"] for e in events] == [0, 2, 4, 5]
+    for e in events:
+        assert 0.0 <= e["accuracy"] <= 1.0 and e["items"] == 8 and e["complete"]
+        assert set(e["per_family"]) == {"max"}
+    rounds = metric_events(node, "round")
+    assert all(r["round_s"] < 60 for r in rounds) and len(rounds) == 5
+
+
+def test_a_warm_start_gives_every_seed_one_prior_and_a_better_start(make_node: NodeMaker, tmp_path: Path) -> None:
+    """SAPO's regime: nodes of one model start from one pretrained state whatever their --seed."""
+
+    def start(seed: int, steps: int) -> tuple[str, float]:
+        parts = NodeParts(evaluation=EvalConfig(every=10, items=32, samples=0))
+        key = str(tmp_path / f"{seed}-{steps}.key")
+        node = make_node(Harness(), parts, seed=seed, warm_start_steps=steps, identity=key)
+        return params_digest(node.policy.model), metric_events(node, "eval")[0]["accuracy"]
+
+    (a, acc_a), (b, _), (cold, acc_cold) = start(1, 60), start(2, 60), start(1, 0)
+    assert a == b != cold
+    assert acc_a > acc_cold

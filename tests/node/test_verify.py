@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from node.tasks.heldout import training_item
 from node.tasks.registry import TaskItem, build_task, rollout_group
 from node.tasks.verify import RejectReason, local_group, verify_external
 from protocol.schema import RolloutGroup, TaskRef
@@ -12,7 +13,7 @@ from protocol.schema import RolloutGroup, TaskRef
 
 def _honest(name: str = "max") -> tuple[TaskItem, RolloutGroup]:
     fam = build_task(name)
-    item = fam.item(seed=1, index=7)
+    item = training_item(fam, 1, 7)
     wrong = "x"
     comps = [item.answer, wrong, item.answer, wrong]
     return item, rollout_group(item, comps, [1.0, 0.0, 1.0, 0.0], "tiny-s")
@@ -68,7 +69,7 @@ def test_bad_group_shape_is_rejected() -> None:
 
 def test_local_group_scores_locally() -> None:
     fam = build_task("parity")
-    item = fam.item(2, 3)
+    item = training_item(fam, 2, 3)
     other = "1" if item.answer == "0" else "0"
     group = local_group(fam, item, [item.answer, other, " " + item.answer])
     assert group.rewards == (1.0, 0.0, 1.0) and group.task_ref == item.ref and group.source_peer == "self"

@@ -1,0 +1,142 @@
+"""Held-out evaluation: how well a policy answers questions no node of the swarm trains on.
+
+Training reward is measured on the stream a node trains on, and nodes that
+share see different streams, so it cannot compare runs or tell learning from
+gaming the stream. This scores a policy on each family's fixed evaluation set
+(:func:`node.tasks.heldout.eval_items`, the same on every node): greedy
+accuracy (one deterministic completion per question) and the mean reward of
+``samples`` completions drawn as training draws them.
+
+An evaluation is bounded in time: it stops between chunks once ``timeout_s``
+has passed and says so (``complete`` False), so a slow device never stalls the
+rounds; a node spends it between rounds, never during a sync's vote.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from node.tasks.base import TaskFamily, TaskItem
+from node.tasks.heldout import eval_items
+from node.training.policy import GenerationConfig
+
+CHUNK = 32
+"""Questions generated per call: the time bound is checked between chunks."""
+
+
+class Answerer(Protocol):
+    """What an evaluation needs of a policy (:class:`~node.training.policy.Policy` is one)."""
+
+    stop: Callable[[], bool]
+
+    def generate(self, prompts: list[str], n: int, cfg: GenerationConfig, seed: int | None = None) -> list[list[str]]:
+        """``n`` completions per prompt; the same seed gives the same completions."""
+        ...
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """When and how much a node evaluates."""
+
+    every: int = field(default=0, metadata={"help": "Rounds between held-out evaluations (0: off)."})
+    items: int = field(default=64, metadata={"help": "Held-out questions per task family."})
+    samples: int = field(default=8, metadata={"help": "Sampled completions per question for the mean reward."})
+    timeout_s: float = field(default=60.0, metadata={"help": "Longest one evaluation runs (s)."})
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.every >= 0, f"every={self.every}; use 0 (off) or a positive number of rounds"),
+            (1 <= self.items <= 4096, f"items={self.items}; use 1-4096 questions per family"),
+            (0 <= self.samples <= 64, f"samples={self.samples}; use 0 (greedy only) to 64"),
+            (self.timeout_s > 0, f"timeout_s={self.timeout_s}; use a positive number of seconds"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
+
+    def due(self, round: int, last_round: int) -> bool:
+        """Whether to evaluate after ``round`` (0: before the first): every ``every`` rounds and after the last."""
+        if self.every <= 0:
+            return False
+        return round % self.every == 0 or (last_round > 0 and round == last_round)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One evaluation's scores (``accuracy`` and ``sample_reward`` are over all questions scored)."""
+
+    accuracy: float
+    sample_reward: float | None
+    per_family: dict[str, float]
+    items: int
+    eval_s: float
+    complete: bool
+
+    def to_event(self) -> dict[str, object]:
+        """The fields of the ``eval`` metrics event."""
+        return {
+            "accuracy": round(self.accuracy, 6),
+            "sample_reward": None if self.sample_reward is None else round(self.sample_reward, 6),
+            "per_family": {k: round(v, 6) for k, v in self.per_family.items()},
+            "items": self.items,
+            "eval_s": round(self.eval_s, 4),
+            "complete": self.complete,
+        }
+
+
+def eval_sets(families: Mapping[str, TaskFamily], items: int) -> dict[str, list[TaskItem]]:
+    """Each family's evaluation set (``items`` questions, fewer where the family has fewer held out)."""
+    return {name: eval_items(fam, items) for name, fam in families.items()}
+
+
+def evaluate(
+    policy: Answerer,
+    families: Mapping[str, TaskFamily],
+    sets: Mapping[str, Sequence[TaskItem]],
+    generation: GenerationConfig,
+    cfg: EvalConfig,
+    clock: Callable[[], float] = time.monotonic,
+) -> EvalResult:
+    """Score ``policy`` on ``sets``: greedy accuracy, then the mean reward of ``cfg.samples`` draws."""
+    t0 = clock()
+    deadline = t0 + cfg.timeout_s
+    pairs = [(families[name], item) for name, items in sets.items() for item in items]
+    greedy = GenerationConfig(temperature=0.0, top_p=1.0, max_new_tokens=generation.max_new_tokens)
+    hits = _score(policy, pairs, greedy, 1, clock, deadline)
+    sampled = _score(policy, pairs, generation, cfg.samples, clock, deadline) if cfg.samples else []
+    per_family: dict[str, list[float]] = {}
+    for (fam, _), score in zip(pairs, hits, strict=False):
+        per_family.setdefault(fam.name, []).append(score)
+    return EvalResult(
+        accuracy=sum(hits) / len(hits) if hits else 0.0,
+        sample_reward=sum(sampled) / len(sampled) if sampled else None,
+        per_family={k: sum(v) / len(v) for k, v in sorted(per_family.items())},
+        items=len(hits),
+        eval_s=clock() - t0,
+        complete=len(hits) == len(pairs) and len(sampled) == (len(pairs) if cfg.samples else 0),
+    )
+
+
+def _score(
+    policy: Answerer,
+    pairs: Sequence[tuple[TaskFamily, TaskItem]],
+    gen: GenerationConfig,
+    n: int,
+    clock: Callable[[], float],
+    deadline: float,
+) -> list[float]:
+    """Per question, the mean reward of its ``n`` completions; stops between chunks past ``deadline``."""
+    scores: list[float] = []
+    for start in range(0, len(pairs), CHUNK):
+        if clock() > deadline:
+            break
+        chunk = pairs[start : start + CHUNK]
+        # a fixed seed per chunk: the same policy always gets the same score
+        outs = policy.generate([item.prompt for _, item in chunk], n, gen, seed=start)
+        if policy.stop():  # generation was cut short by leaving: these completions are not the policy's answers
+            break
+        scores += [sum(fam.score(item, c) for c in comps) / n for (fam, item), comps in zip(chunk, outs, strict=True)]
+    return scores

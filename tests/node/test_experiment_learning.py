@@ -1,0 +1,79 @@
+"""Held-out tables of an experiment and its sync axis: numbers computed by hand from small runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from node.experiments.config import ExperimentConfig
+from node.experiments.learning import heldout_curve, heldout_table, rounds_to_reach, summarize_heldout
+from node.experiments.results import NodeResult, RunResult, paired_tests, share_baseline, summarize, sync_of
+from node.experiments.sweep import labels, local_command, plan_runs
+
+
+def _node(points: list[tuple[int, float]], cpu: float = 10.0) -> NodeResult:
+    return NodeResult(peer="p", model="tiny-m", curve=(0.5, 0.5), heldout=tuple(points), cpu_s=cpu)
+
+
+def _run(label: str, split: str, seed: int, *curves: list[tuple[int, float]]) -> RunResult:
+    return RunResult(label, split, seed, tuple(_node(c) for c in curves))
+
+
+def test_a_runs_curve_is_the_node_mean_at_rounds_every_node_evaluated() -> None:
+    run = _run("a", "8/0", 0, [(0, 0.2), (10, 0.4), (20, 0.6)], [(0, 0.4), (20, 0.8)])
+    curve = heldout_curve(run)
+    assert [r for r, _ in curve] == [0, 20] and [a for _, a in curve] == pytest.approx([0.3, 0.7])
+    assert heldout_curve(_run("a", "8/0", 0, [(0, 0.2)], [])) == []  # a node without evaluations: no curve
+    assert rounds_to_reach([(0, 0.9), (10, 0.2), (20, 0.5)], 0.5) == 20  # round 0 never counts
+
+
+def test_held_out_summary_pairs_each_seed_with_the_baseline() -> None:
+    runs = [
+        _run("adv", "8/0", 0, [(0, 0.2), (10, 0.3), (20, 0.4)]),
+        _run("adv", "8/0", 100, [(0, 0.2), (10, 0.2), (20, 0.5)]),
+        _run("adv", "4/4", 0, [(0, 0.2), (10, 0.4), (20, 0.6)]),
+        _run("adv", "4/4", 100, [(0, 0.2), (10, 0.3), (20, 0.4)]),
+    ]
+    base, shared = summarize_heldout(runs, ("adv", "8/0"), ["adv"])
+    assert base.ratios == [] and base.final == pytest.approx(0.45)
+    assert shared.ratios == [pytest.approx(1.5), pytest.approx(0.8)]
+    assert shared.mean_ratio == pytest.approx(1.15)
+    assert shared.reach == [pytest.approx(0.5), None]  # seed 0 reaches 0.4 at round 10 of 20; seed 100 never 0.5
+    assert shared.sign_p == pytest.approx(0.5)
+    assert shared.reward_per_cpu_s == pytest.approx(1.0 / 10.0)
+    table = heldout_table([base, shared], ("adv", "8/0"), primary="adv:4/4")
+    assert "adv **(primary)** | 4/4 | 2 | 0.200 | 0.500 ± 0.141 | 1.50, 0.80 | 1.150" in table
+    assert "adv (baseline) | 8/0" in table and "0.50 (1/2 seeds reach it)" in table
+
+
+def test_the_sync_axis_runs_no_sharing_once_per_setting_and_compares_it_with_the_unsynced_baseline() -> None:
+    cfg = ExperimentConfig(splits=("8/0", "4/4"), sampling=("advantage",), sync_every=(0, 10), seeds=1)
+    runs = plan_runs(cfg)
+    assert [(r.label, r.split) for r in runs] == [
+        ("advantage", "8/0"), ("advantage", "4/4"), ("advantage+sync10", "8/0"), ("advantage+sync10", "4/4")
+    ]  # fmt: skip
+    assert labels(cfg) == ["advantage", "advantage+sync10"]
+    cfg_dir = Path("x")
+    argv = local_command(cfg, runs[2], cfg_dir)
+    assert "--sync-every" in argv and argv[argv.index("--sync-every") + 1] == "10"
+    assert "--sync-every" not in local_command(cfg, runs[0], cfg_dir)
+    assert sync_of("advantage+sync10") == "+sync10" and sync_of("advantage") == ""
+
+    def res(label: str, split: str, cum: float) -> RunResult:
+        return RunResult(label, split, 0, (NodeResult("p", "m", (cum,)),))
+
+    results = [res("advantage", "8/0", 2.0), res("advantage", "4/4", 3.0), res("advantage+sync10", "8/0", 4.0)]
+    shared = share_baseline(results, labels(cfg))
+    assert len(shared) == 3  # the unsynced 8/0 is never copied in as a synced row
+    ratios = {(s.sampling, s.split): s.ratio for s in summarize(shared, labels(cfg), "8/0")}
+    assert ratios[("advantage+sync10", "8/0")] == pytest.approx(2.0)  # against the unsynced baseline
+    tests = {(t.sampling, t.split): t.mean_ratio for t in paired_tests(shared, "8/0", labels(cfg))}
+    assert tests == {("advantage", "4/4"): pytest.approx(1.5), ("advantage+sync10", "8/0"): pytest.approx(2.0)}
+
+
+def test_bad_sync_settings_name_the_fix() -> None:
+    with pytest.raises(ValueError, match="sync_every"):
+        ExperimentConfig(sync_every=("x",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="duplicates"):
+        ExperimentConfig(sync_every=(10, 10))
