@@ -115,12 +115,26 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
-def _example(action: argparse.Action) -> str:
+def _example(action: argparse.Action) -> str | None:
+    """The default as a TOML value, or None for an option that is unset by default (no value means that)."""
     if isinstance(action, argparse._StoreTrueAction):
         return "false"
+    if isinstance(action, argparse._StoreFalseAction):
+        return "true"
     if action.default is None:
-        return '""' if action.type in (None, str) else "0"
+        return None
     return _toml_value(action.default)
+
+
+def _other_defaults(parser: argparse.ArgumentParser, shown_for: str, key: str, example: str | None) -> str:
+    """ " (default for swarm-node local: 20)" where another command's default differs from the one shown."""
+    notes = []
+    for command in NODE_COMMANDS:
+        action = file_options(subcommand_parser(parser, command)).get(key)
+        if command != shown_for and action is not None and _example(action) != example:
+            value = _example(action)
+            notes.append(f"swarm-node {command}: {'unset' if value is None else value}")
+    return f" (default for {', '.join(notes)})" if notes else ""
 
 
 def render_default_config(parser: argparse.ArgumentParser) -> str:
@@ -128,7 +142,8 @@ def render_default_config(parser: argparse.ArgumentParser) -> str:
     lines = [
         "# swarm-node configuration. Use it with: swarm-node start --config THIS_FILE (or join, local).",
         "# Every key is a long flag without '--'; a flag on the command line overrides the file.",
-        "# Uncomment a line to change the default shown.",
+        "# A commented key line shows that key's default: uncomment it and change the value. A key marked",
+        "# 'unset by default' has no default value: write it with a value to set it.",
     ]
     seen: set[str] = set()
     for command in NODE_COMMANDS:
@@ -142,5 +157,7 @@ def render_default_config(parser: argparse.ArgumentParser) -> str:
             lines += ["", f"# ---- {title} ----"]
             for key, action in rows:
                 seen.add(key)
-                lines += [f"# {action.help}", f"# {key} = {_example(action)}"]
+                example = _example(action)
+                shown = f"# {key} = {example}" if example is not None else f"# {key}: unset by default"
+                lines += [f"# {action.help}{_other_defaults(parser, command, key, example)}", shown]
     return "\n".join(lines) + "\n"

@@ -20,8 +20,10 @@ def test_init_writes_a_commented_file_that_changes_nothing(tmp_path: Path, capsy
     assert main(["init", str(path)]) == 0
     text = path.read_text()
     assert tomllib.loads(text) == {}, "every key is commented out"
-    for key in ("max-threads", "checkpoint-every", "dashboard-port", "announce", "client-mode", "nodes", "peer"):
+    for key in ("max-threads", "checkpoint-every", "announce", "client-mode", "nodes", "peer"):
         assert f"# {key} = " in text
+    for key in ("dashboard-port", "lr", "external-min-logp", "host-port"):  # no value means "off" or "derived"
+        assert f"# {key}: unset by default" in text and f"# {key} = " not in text
     # uncommenting any line gives a valid file
     uncommented = "\n".join(line[2:] for line in text.splitlines() if " = " in line and line.startswith("# "))
     data = tomllib.loads(uncommented)
@@ -93,3 +95,24 @@ def test_id_prints_the_peer_id_and_addresses(tmp_path: Path, capsys: pytest.Capt
     assert out[0] == peer and f"  /ip4/127.0.0.1/tcp/31337/p2p/{peer}" in out
     assert main(["id", "--identity", str(key), "--host-port", "31337"]) == 0
     assert f"/ip4/127.0.0.1/tcp/31337/p2p/{peer}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["start", "local"])
+def test_the_init_file_uncommented_gives_back_every_default(tmp_path: Path, command: str) -> None:
+    """Every value ``init`` shows is the real default: the file with every value uncommented changes nothing."""
+    path = tmp_path / "node.toml"
+    assert main(["init", str(path)]) == 0
+    lines = path.read_text().splitlines()
+    uncommented = tmp_path / "all.toml"
+    uncommented.write_text("\n".join(line[2:] for line in lines if line.startswith("# ") and " = " in line) + "\n")
+    plain = vars(parse([command]))
+    loaded = vars(parse([command, "--config", str(uncommented)]))
+    loaded.pop("config")
+    plain.pop("config")
+    differ = {k: (plain[k], v) for k, v in loaded.items() if plain.get(k) != v}
+    if command == "start":
+        assert differ == {}
+    else:  # one file serves every command: a key whose local default differs says so beside its line
+        assert set(differ) == {"rounds", "log_dir"}, differ
+        text = path.read_text()
+        assert "(default for swarm-node local: 20)" in text and '(default for swarm-node local: "runs/local")' in text
