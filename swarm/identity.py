@@ -74,8 +74,16 @@ def load_or_create(path: str | os.PathLike[str]) -> Identity:
     existing file that group or others may access is refused (:func:`check_private`).
     """
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise IdentityError(f"identity {p} is a directory; pass a key file path, e.g. {p / 'identity.key'}")
     if p.exists():
-        key = decode_key_file(p.read_bytes(), p)
+        try:
+            data = p.read_bytes()
+        except OSError as e:
+            raise IdentityError(
+                f"identity {p} cannot be read ({e.strerror}); fix its permissions or pass another"
+            ) from None
+        key = decode_key_file(data, p)
         check_private(p)
         return Identity(key, p)
     p.parent.mkdir(parents=True, exist_ok=True)

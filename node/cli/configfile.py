@@ -47,6 +47,12 @@ def read_toml(path: str) -> dict[str, Any]:
             return tomllib.load(f)
     except FileNotFoundError:
         raise CliError(f"config file {path} does not exist; create one with: swarm-node init {path}") from None
+    except IsADirectoryError:
+        raise CliError(f"config file {path} is a directory; pass a TOML file, e.g. {path}/swarm-node.toml") from None
+    except OSError as e:
+        raise CliError(f"config file {path} cannot be read ({e.strerror}); check its permissions") from None
+    except UnicodeDecodeError:
+        raise CliError(f"config file {path} is not UTF-8 text; save it as UTF-8 TOML") from None
     except tomllib.TOMLDecodeError as e:
         raise CliError(f"config file {path} is not valid TOML: {e}") from None
 

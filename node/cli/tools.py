@@ -29,6 +29,8 @@ def run_id(args: Any) -> int:
     """Print the peer id (creating the key file if needed) and, with a port, the listen multiaddrs."""
     from swarm.identity import IdentityError, load_or_create
 
+    # the address first: a bad one must not leave a new key file behind
+    host_port = parse_host_port(args.host_port, "0.0.0.0") if args.host_port is not None else None
     key = Path(args.identity).expanduser()
     existed = key.exists()
     try:
@@ -38,8 +40,8 @@ def run_id(args: Any) -> int:
     print(identity.peer_id)
     if not existed:
         print(f"(new identity written to {key})")
-    if args.host_port is not None:
-        host, port = parse_host_port(args.host_port, "0.0.0.0")
+    if host_port is not None:
+        host, port = host_port
         if port == 0:
             print("(port 0: the port is chosen at start, so the addresses are not known yet)")
             return 0

@@ -116,3 +116,26 @@ def test_the_init_file_uncommented_gives_back_every_default(tmp_path: Path, comm
         assert set(differ) == {"rounds", "log_dir"}, differ
         text = path.read_text()
         assert "(default for swarm-node local: 20)" in text and '(default for swarm-node local: "runs/local")' in text
+
+
+def test_unreadable_config_and_identity_paths_are_one_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"rounds = 3\n\xff\xfe\n")
+    cases = [
+        (["start", "--config", str(tmp_path)], "is a directory"),
+        (["start", "--config", str(binary)], "not UTF-8"),
+        (["id", "--identity", str(tmp_path)], "is a directory"),
+    ]
+    for argv, words in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_id_with_a_bad_address_creates_no_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    key = tmp_path / "new.key"
+    assert main(["id", "--identity", str(key), "--host-port", "abc"]) == 2
+    assert "--host-port" in capsys.readouterr().err
+    assert not key.exists()
