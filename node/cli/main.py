@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from node.cli.errors import EXIT_USAGE, CliError
 from node.cli.flags import add_option_flags
@@ -37,9 +37,17 @@ def _add_tools(sub: Any) -> None:
     ident.add_argument("--config", default=None, help="read identity and host-port from this config file")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-sentence errors: a mistyped value names the flag and where help is, without the
+    25 lines of usage that would bury it (``--help`` still prints them)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{message}; see {self.prog} --help")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``swarm-node`` parser; a new command is one ``sub.add_parser`` plus an entry in :data:`COMMANDS`."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="swarm-node", description="Decentralized RL post-training: share rollouts, train together."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
