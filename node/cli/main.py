@@ -47,9 +47,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``swarm-node`` parser; a new command is one ``sub.add_parser`` plus an entry in :data:`COMMANDS`."""
-    parser = Parser(
-        prog="swarm-node", description="Decentralized RL post-training: share rollouts, train together."
-    )
+    parser = Parser(prog="swarm-node", description="Decentralized RL post-training: share rollouts, train together.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     start = sub.add_parser("start", help="start a new swarm as its first node")
     _add_common(start, NodeOptions)

@@ -8,8 +8,9 @@ accuracy (one deterministic completion per question) and the mean reward of
 ``samples`` completions drawn as training draws them.
 
 An evaluation is bounded in time: it stops between chunks once ``timeout_s``
-has passed and says so (``complete`` False), so a slow device never stalls the
-rounds; a node spends it between rounds, never during a sync's vote.
+has passed and says so, so a slow device never stalls the rounds. Greedy
+answers come first: where time runs out during sampling, the accuracy still
+covers every question and only the sampled reward is missing.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """One evaluation's scores (``accuracy`` and ``sample_reward`` are over all questions scored)."""
+    """One evaluation's scores. ``complete``: every question was answered greedily (``accuracy`` is over those
+    answered); ``sample_reward`` is None unless every question's samples were scored too."""
 
     accuracy: float
     sample_reward: float | None
@@ -112,11 +114,12 @@ def evaluate(
         per_family.setdefault(fam.name, []).append(score)
     return EvalResult(
         accuracy=sum(hits) / len(hits) if hits else 0.0,
-        sample_reward=sum(sampled) / len(sampled) if sampled else None,
+        # over every question or none: a mean over the first families only would not compare with others
+        sample_reward=sum(sampled) / len(sampled) if sampled and len(sampled) == len(pairs) else None,
         per_family={k: sum(v) / len(v) for k, v in sorted(per_family.items())},
         items=len(hits),
         eval_s=clock() - t0,
-        complete=len(hits) == len(pairs) and len(sampled) == (len(pairs) if cfg.samples else 0),
+        complete=len(hits) == len(pairs),
     )
 
 

@@ -102,3 +102,16 @@ def test_bad_settings_name_the_fix() -> None:
         EvalConfig(every=-1)
     with pytest.raises(ValueError, match="items=0"):
         EvalConfig(items=0)
+
+
+def test_time_spent_on_samples_leaves_a_complete_accuracy_and_no_partial_sample_reward() -> None:
+    families = {n: build_task(n) for n in ("max", "min")}
+    sets = eval_sets(families, 64)
+    n_chunks = -(-sum(len(v) for v in sets.values()) // CHUNK)
+    ticks = iter(range(1000))
+    result = evaluate(
+        ToyPolicy(families), families, sets, GenerationConfig(), EvalConfig(samples=4, timeout_s=n_chunks + 1.5),
+        clock=lambda: float(next(ticks)),
+    )  # fmt: skip
+    assert result.complete and result.items == sum(len(v) for v in sets.values())
+    assert result.sample_reward is None
