@@ -42,7 +42,7 @@ def test_a_small_family_gives_all_it_holds_out_without_hanging() -> None:
 @pytest.mark.parametrize("name", sorted(BUILTIN_TASKS))
 def test_no_training_stream_ever_samples_a_held_out_prompt(name: str) -> None:
     fam = build_task(name)
-    held = {it.prompt for it in eval_items(fam, 4096)}
+    held = {it.prompt for it in eval_items(fam, 64)}
     for seed in (0, 1, 100, 2**40):
         mix = TaskMix([fam], seed=seed)
         seen = [it.prompt for r in range(1, 61) for it in mix.sample(r, 8)]
