@@ -142,9 +142,10 @@ def _mallory(argv: list[str]) -> int:
         if not flood_file.exists():
             return 1
         t0 = time.time()
-        stored = store([stranger()])
+        stored = 0
         for i in range(0, len(throwaway), 400):  # batches small enough for one RPC each, well within its wait
             stored += store([_flood_record(k, fp) for k in throwaway[i : i + 400]])
+        stored += store([stranger()])  # last: the latest expiration, never the one evicted
         out.write(event="flooded", time=time.time(), burst_s=time.time() - t0, records=len(throwaway) + 1, ok=stored)
         cycle = itertools.cycle(throwaway)
         refreshed, next_store, next_view = 0, time.monotonic(), time.monotonic()
