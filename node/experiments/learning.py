@@ -89,14 +89,13 @@ def _summary(
     curves = {s: heldout_curve(by_seed[s]) for s in seeds}
     finals = [curves[s][-1][1] for s in seeds]
     paired = [s for s in seeds if s in base and not is_base]
-    ratios, reach = [], []
+    ratios, reach, diffs = [], [], []
     for s in paired:
-        base_curve = heldout_curve(base[s])
-        target, last = base_curve[-1][1], base_curve[-1][0]
+        last, target = heldout_curve(base[s])[-1]
         ratios.append(curves[s][-1][1] / target if target else math.nan)
+        diffs.append(curves[s][-1][1] - target)
         hit = rounds_to_reach(curves[s], target)
         reach.append(None if hit is None else hit / last)
-    diffs = [curves[s][-1][1] - heldout_curve(base[s])[-1][1] for s in paired]
     cpu = sum(n.cpu_s for r in by_seed.values() for n in r.nodes)
     reward = sum(n.cumulative for r in by_seed.values() for n in r.nodes)
     return HeldoutSummary(
