@@ -37,8 +37,10 @@ logger = logging.getLogger(__name__)
 WARM_SEED = 2**62 + 11
 """The item stream of the warm start: no node trains on it (node seeds are small)."""
 BATCH = 32
-LR = 3e-3
-"""Adam's learning rate: one value, so ``steps`` alone sets how far the prior goes."""
+LR = 1e-3
+"""Adam's learning rate: one value, so ``steps`` alone sets how far the prior goes. At 3e-3 the
+4- and 6-layer built-ins stall: supervised on ``max`` alone, tiny-m and tiny-l stop at 0.75 held-out
+(loss 0.6-1.1) where 1e-3 reaches 1.00 within 120 steps of 128 items."""
 DEFAULT_CACHE_DIR = Path("~/.cache/swarm-node/warm")
 
 
