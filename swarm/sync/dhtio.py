@@ -18,6 +18,7 @@ from typing import Any
 from hivemind.utils.timed_storage import get_dht_time
 
 from swarm.membership import Membership
+from swarm.memo import ContentMemo
 from swarm.sync.allreduce import RoundPlan
 from swarm.sync.config import OuterSyncConfig
 from swarm.sync.decide import (
@@ -54,6 +55,9 @@ logger = logging.getLogger(__name__)
 
 MAX_EXPECTED = 256
 """Most peers one round's joiners make this peer expect next round (bounded memory)."""
+OPENED_RECORDS = 4096
+"""Sync records whose opening is remembered by content: more than the entries one key's storage holds
+(1,485 state records at the default budget), so a flooded key is verified once, not on every read."""
 
 
 class SyncRecords:
@@ -87,6 +91,8 @@ class SyncRecords:
         """The state of the last matchmaking, and the one before it (see :meth:`_nearby`)."""
         self._last_matchmaking = float("-inf")
         """When the last matchmaking began (see :meth:`_nearby`)."""
+        self.opened = ContentMemo[Any](OPENED_RECORDS)
+        """Outcomes of opening records by content (see :func:`open_records`)."""
 
     def _log(self, level: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s rev=%d] " + msg, self.me[-6:], self.revision, *args)
@@ -157,6 +163,7 @@ class SyncRecords:
             StateRecord.from_wire,
             lambda r: None if r.fingerprint == fp else "other fingerprint",
             self._clock(),
+            self.opened,
         )
         self._rejected(STATE_KIND, rejected)
         self.states = kept
@@ -172,7 +179,7 @@ class SyncRecords:
             return None if ok else "other fingerprint, revision or state"
 
         now = self._clock()
-        kept, rejected = open_records(self._get(key), JOIN_KIND, JoinRecord.from_wire, expect, now)
+        kept, rejected = open_records(self._get(key), JOIN_KIND, JoinRecord.from_wire, expect, now, self.opened)
         self._rejected(JOIN_KIND, rejected)
         return {p: r for p, r in kept.items() if self.banned.get(p, float("-inf")) <= now}
 
@@ -295,7 +302,7 @@ class SyncRecords:
             return None if ok else "vote of another round"
 
         raw = self._get(vote_key(self.swarm_id, fp, plan.group_id))
-        kept, rejected = open_records(raw, VOTE_KIND, VoteRecord.from_wire, expect, self._clock())
+        kept, rejected = open_records(raw, VOTE_KIND, VoteRecord.from_wire, expect, self._clock(), self.opened)
         self._rejected(VOTE_KIND, rejected)
         return kept
 

@@ -15,6 +15,7 @@ from protocol import SigningKey
 from protocol.errors import MessageRejected
 from protocol.signing import seal
 from swarm.fingerprint import model_fingerprint
+from swarm.memo import ContentMemo
 from swarm.sync import (
     AbortCause,
     OuterSyncConfig,
@@ -24,6 +25,7 @@ from swarm.sync import (
     decide_commit,
     decide_group,
 )
+from swarm.sync import records as records_module
 from swarm.sync.decide import (
     earliest_open_window,
     expected_members,
@@ -343,6 +345,34 @@ def test_records_round_trip_and_forgeries_are_rejected() -> None:
     assert any("bad signature" in r for r in rejected)
     with pytest.raises(ValueError):
         seal_record(STATE_KIND, _state(a, 1, H0), mallory)
+
+
+def test_records_read_again_are_not_reopened_and_every_context_check_still_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a key flooded with valid records is read every round: each entry is verified once, not once per read
+    keys = [SigningKey(bytes([i + 1]) * 32) for i in range(20)]
+    raw = {k.peer_id: seal_record(STATE_KIND, _state(k.peer_id, 3, H0), k) for k in keys}
+    raw["x"] = seal(STATE_KIND, _state(keys[0].peer_id, 50, H1), keys[1])  # forged: names keys[0]
+    opens: list[bytes] = []
+    real_open = records_module.open_record
+
+    def counted(data: bytes, *rest: Any) -> Any:
+        opens.append(data)
+        return real_open(data, *rest)
+
+    monkeypatch.setattr(records_module, "open_record", counted)
+    memo = ContentMemo[Any](64)
+    first = open_records(raw, STATE_KIND, StateRecord.from_wire, lambda r: None, 10.0, memo)
+    assert len(opens) == 21
+    again = open_records(raw, STATE_KIND, StateRecord.from_wire, lambda r: None, 10.0, memo)
+    assert len(opens) == 21 and again == first and len(first[0]) == 20 and len(first[1]) == 1
+    # a remembered record still meets the checks that depend on where and when it is read
+    a, b = keys[0].peer_id, keys[1].peer_id
+    moved = {b: raw[a]}
+    assert open_records(moved, STATE_KIND, StateRecord.from_wire, lambda r: None, 10.0, memo)[0] == {}
+    assert open_records(raw, STATE_KIND, StateRecord.from_wire, lambda r: "old", 10.0, memo)[0] == {}
+    assert len(opens) == 21
 
 
 def test_replayed_records_from_another_round_or_kind_are_rejected() -> None:
