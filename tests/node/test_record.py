@@ -1,4 +1,4 @@
-"""The README's metrics table documents exactly the fields of the typed round record."""
+"""docs/METRICS.md documents exactly the fields of the typed round record."""
 
 from __future__ import annotations
 
@@ -7,19 +7,19 @@ from pathlib import Path
 
 from node.core.record import RoundRecord
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+METRICS = Path(__file__).resolve().parents[2] / "docs" / "METRICS.md"
 
 
 def documented_fields(event: str) -> list[str]:
-    """The field names listed for ``event`` in the README's metrics table (backticked names before any note)."""
-    for line in README.read_text().splitlines():
+    """The field names listed for ``event`` in docs/METRICS.md's table (backticked names before any note)."""
+    for line in METRICS.read_text().splitlines():
         if line.startswith(f"| `{event}` |"):
             cell = line.split("|")[2]
             # a field is a backticked name at the start of the cell or right after a comma; notes in
             # parentheses may mention other names, so strip parenthesised text first
             flat = re.sub(r"\([^()]*(\([^()]*\)[^()]*)*\)", "", cell)
             return re.findall(r"`([a-z_]+)`", flat)
-    raise AssertionError(f"README has no metrics row for event {event!r}")
+    raise AssertionError(f"docs/METRICS.md has no metrics row for event {event!r}")
 
 
 def test_readme_round_row_matches_the_round_record() -> None:
