@@ -21,7 +21,7 @@ import logging
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, MutableSet, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from node.core.pool import ExternalPool
 from node.core.record import Collected, PublisherTally
@@ -80,11 +80,6 @@ class IngestConfig:
             raise ValueError(f"IngestConfig.accept_tokens={self.accept_tokens}; use 0 (the node's own budget) or more")
         if not 0 <= self.completion_slack_tokens <= 64:
             raise ValueError(f"IngestConfig.completion_slack_tokens={self.completion_slack_tokens}; use 0-64")
-
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        """Field name -> help text."""
-        return {f.name: str(f.metadata.get("help", "")) for f in fields(cls)}
 
 
 @dataclass

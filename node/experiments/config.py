@@ -167,11 +167,6 @@ class ExperimentConfig:
         """A JSON-ready dict of the fields."""
         return asdict(self)
 
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        """Field name -> help text."""
-        return {f.name: str(f.metadata.get("help", "")) for f in fields(cls)}
-
 
 LIST_FIELDS = {"splits", "sampling", "tasks", "models", "objectives", "reference_splits", "sync_every"}
 """Fields given as comma-separated lists on the command line."""

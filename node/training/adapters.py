@@ -23,7 +23,7 @@ import hashlib
 import logging
 import re
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -99,11 +99,6 @@ class AdapterConfig:
         'lora r=8 alpha=16 on q_proj,v_proj'
         """
         return f"{self.kind} r={self.rank} alpha={self.alpha} on {','.join(sorted(targets))}"
-
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        """Field name -> help text."""
-        return {f.name: str(f.metadata.get("help", "")) for f in fields(cls)}
 
 
 def parse_targets(text: str) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ import math
 import statistics
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -84,11 +84,6 @@ class GRPOConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"GRPOConfig: {message}")
-
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        """Field name -> help text."""
-        return {f.name: str(f.metadata.get("help", "")) for f in fields(cls)}
 
 
 def group_advantages(rewards: Sequence[float], scale: bool = True) -> list[float]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 BASELINES = ("group", "receiver")
 OBJECTIVES: Mapping[str, Mapping[str, object]] = {
@@ -95,11 +95,6 @@ class OffPolicyConfig:
         if name not in OBJECTIVES:
             raise ValueError(f"objective {name!r}; use one of {', '.join(OBJECTIVES)}")
         return cls(**OBJECTIVES[name])  # type: ignore[arg-type]
-
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        """Field name -> help text."""
-        return {f.name: str(f.metadata.get("help", "")) for f in fields(cls)}
 
 
 def completion_weight(

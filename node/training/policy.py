@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -60,11 +60,6 @@ class GenerationConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if isinstance(self.max_new_tokens, bool) or not 1 <= self.max_new_tokens <= 4096:
             raise ValueError(f"max_new_tokens must be in [1, 4096], got {self.max_new_tokens}")
-
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        """Field name -> help text."""
-        return {f.name: str(f.metadata.get("help", "")) for f in fields(cls)}
 
 
 class SequenceTooLong(ValueError):

@@ -113,7 +113,6 @@ def test_generation_config_validation() -> None:
     for bad in (dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5), dict(max_new_tokens=0)):
         with pytest.raises(ValueError):
             GenerationConfig(**bad)
-    assert set(GenerationConfig.help()) == {"temperature", "top_p", "max_new_tokens"}
     assert GenerationConfig(top_p=0.5, temperature=0.7).top_p == 0.5
 
 
