@@ -30,6 +30,7 @@ from node.core.links import Exchange, Links, LinksFactory, Sync, hivemind_links
 from node.core.network import CollectJob, NetworkWorker
 from node.core.pool import ExternalPool
 from node.core.record import Collected, RoundRecord, banned_count, mean
+from node.observe import resources
 from node.observe.logs import CONTEXT, PROGRESS
 from node.observe.metrics import MetricsWriter
 from node.tasks.acceptance import Acceptance
@@ -51,10 +52,10 @@ logger = logging.getLogger(__name__)
 progress = logging.getLogger(PROGRESS)
 
 NETWORK_CLOSE_S = 5.0
+"""How long leaving waits for a publish or collect under way (it is bounded anyway; SIGTERM must exit in 30 s)."""
 SYNC_LEAVE_WAIT_S = 15.0
 """Longest leaving waits for a sync running beside training (so its commit is kept); after it the node
 leaves without it, within the leave bound (the other members see a lost voter and abort that round)."""
-"""How long leaving waits for a publish or collect under way (it is bounded anyway; SIGTERM must exit in 30 s)."""
 
 
 def _cpu_seconds() -> float:
@@ -385,6 +386,7 @@ class Node:
             grad_external=stats.get("grad_external"),
             grad_cos=stats.get("grad_cos"),
             source_credit=self.credit.per_model() if self.cfg.sampling == "credit" else {},
+            **dataclasses.asdict(resources.sample()),
         )
         assert self.metrics is not None
         self.metrics.write(RoundRecord.EVENT, **record.to_event())

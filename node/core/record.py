@@ -102,6 +102,10 @@ class RoundRecord:
     grad_external: float | None = None
     grad_cos: float | None = None
     source_credit: dict[str, float] = field(default_factory=dict)
+    rss_mb: float | None = None
+    children_rss_mb: float | None = None
+    cpu_s: float | None = None
+    children_cpu_s: float | None = None
 
     EVENT = "round"
 

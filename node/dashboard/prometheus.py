@@ -23,6 +23,8 @@ METRICS: list[tuple[str, str, str]] = [
     ("swarm_node_rollout_bytes_total", "counter", "Rollout payload bytes, by direction (in or out)."),
     ("swarm_node_sync_bytes_sent_total", "counter", "Bytes sent in outer-sync all-reduces."),
     ("swarm_node_round_seconds", "gauge", "Duration of the last round."),
+    ("swarm_node_resident_memory_bytes", "gauge", "Resident memory, by process (node, or helpers: DHT and p2pd)."),
+    ("swarm_node_cpu_seconds_total", "counter", "CPU seconds since start, by process (node, or helpers)."),
     ("swarm_node_heldout_accuracy", "gauge", "Greedy accuracy on the held-out questions at the last evaluation."),
     ("swarm_node_heldout_family_accuracy", "gauge", "Greedy held-out accuracy at the last evaluation, by family."),
     ("swarm_node_heldout_sample_reward", "gauge", "Mean reward of sampled held-out completions, last evaluation."),
@@ -38,6 +40,10 @@ def _number(value: float) -> str:
     """Exact integers for counters (no exponent), shortest round-trip text for other floats."""
     v = float(value)
     return str(int(v)) if v.is_integer() else repr(v)
+
+
+def _mb_to_bytes(mb: float | None) -> float | None:
+    return None if mb is None else round(mb * 1024 * 1024)
 
 
 def _samples(name: str, n: dict[str, Any]) -> list[tuple[dict[str, str], float | None]]:
@@ -67,6 +73,14 @@ def _samples(name: str, n: dict[str, Any]) -> list[tuple[dict[str, str], float |
         ],
         "swarm_node_sync_bytes_sent_total": [({}, n["sync_bytes"])],
         "swarm_node_round_seconds": [({}, n["round_s"])],
+        "swarm_node_resident_memory_bytes": [
+            ({"process": "node"}, _mb_to_bytes(n.get("rss_mb"))),
+            ({"process": "helpers"}, _mb_to_bytes(n.get("children_rss_mb"))),
+        ],
+        "swarm_node_cpu_seconds_total": [
+            ({"process": "node"}, n.get("cpu_s")),
+            ({"process": "helpers"}, n.get("children_cpu_s")),
+        ],
         "swarm_node_heldout_accuracy": [({}, heldout.get("accuracy"))],
         "swarm_node_heldout_family_accuracy": [({"family": f}, v) for f, v in sorted(families.items())],
         "swarm_node_heldout_sample_reward": [({}, heldout.get("sample_reward"))],

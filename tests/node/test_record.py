@@ -22,7 +22,7 @@ def documented_fields(event: str) -> list[str]:
     raise AssertionError(f"docs/METRICS.md has no metrics row for event {event!r}")
 
 
-def test_readme_round_row_matches_the_round_record() -> None:
+def test_documented_round_row_matches_the_round_record() -> None:
     assert sorted(documented_fields(RoundRecord.EVENT)) == sorted(RoundRecord.field_names())
 
 

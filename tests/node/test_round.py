@@ -284,6 +284,7 @@ def test_plain_round_publishes_one_batch_and_writes_a_consistent_record(make_nod
     assert (record.loss is None) == (record.trained_groups == 0)
     assert (digest(node) != before) == (record.trained_groups > 0)
     assert record.round_s >= record.generate_s + record.share_s + record.train_s  # the phases lie within it
+    assert record.rss_mb is not None and record.rss_mb > 50 and record.cpu_s is not None and record.cpu_s > 0
     # metrics.jsonl: one `round` event with exactly the record's fields
     (event,) = metric_events(node, "round")
     assert set(event) == {*RoundRecord.field_names(), "event"}
