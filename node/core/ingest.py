@@ -150,6 +150,7 @@ def ingest(
         out.reasons[verdict.reason.value] += 1
         tally.refused += verdict.reason in FAULTS
         refused.setdefault(peer, Counter())[verdict.reason.value] += 1
+        out.refused_from[short_id(peer)] += 1
         logger.debug("refused group from %s: %s %s", short_id(peer), verdict.reason.value, verdict.detail)
     out.accepted = len(good)
     pool.add(good)
@@ -166,6 +167,7 @@ def _count_batches(result: CollectResult, out: Collected, peers_seen: MutableSet
     for peer, refusal in result.rejected:
         peers_seen.add(peer)
         out.reasons[refusal.reason.value] += 1
+        out.refused_from[short_id(peer)] += 1
         logger.info("rejected batch from %s: %s", short_id(peer), refusal)
     for desc, _batch in result.accepted:
         peer = desc.publisher

@@ -29,7 +29,7 @@ from node.core.ingest import SeenPeers, ingest
 from node.core.links import Exchange, Links, LinksFactory, Sync, hivemind_links
 from node.core.network import CollectJob, NetworkWorker
 from node.core.pool import ExternalPool
-from node.core.record import Collected, RoundRecord, banned_count, mean
+from node.core.record import Collected, RoundRecord, banned_count, mean, most_refused
 from node.observe import resources
 from node.observe.logs import CONTEXT, PROGRESS
 from node.observe.metrics import MetricsWriter
@@ -360,6 +360,7 @@ class Node:
             source_adv=influence[1],
             trimmed_completions=collected.trimmed,
             batches_from=collected.from_peers,
+            refused_from=most_refused(collected.refused_from),
             dropped_zero_adv=dropped,
             too_long_skipped=int(stats.get("n_too_long", 0)),
             trained_groups=trained,

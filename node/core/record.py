@@ -46,6 +46,7 @@ class Collected:
     mismatches: int = 0
     fetch_failed: int = 0
     from_peers: dict[str, int] = field(default_factory=dict)
+    refused_from: Counter[str] = field(default_factory=Counter)
     tallies: dict[str, PublisherTally] = field(default_factory=dict)
     task_builds: int = 0
     trimmed: int = 0
@@ -102,6 +103,7 @@ class RoundRecord:
     grad_external: float | None = None
     grad_cos: float | None = None
     source_credit: dict[str, float] = field(default_factory=dict)
+    refused_from: dict[str, int] = field(default_factory=dict)
     rss_mb: float | None = None
     children_rss_mb: float | None = None
     cpu_s: float | None = None
@@ -117,6 +119,15 @@ class RoundRecord:
     def field_names(cls) -> list[str]:
         """The keys of a ``round`` event besides ``event``."""
         return [f.name for f in fields(cls)]
+
+
+REFUSED_FROM_SHOWN = 64
+"""Publishers a round's ``refused_from`` names at most (the most refused first): a flood of keys cannot grow it."""
+
+
+def most_refused(counts: Counter[str]) -> dict[str, int]:
+    """The ``REFUSED_FROM_SHOWN`` publishers with the most refusals this round."""
+    return dict(counts.most_common(REFUSED_FROM_SHOWN))
 
 
 def banned_count(summary: Mapping[str, Any]) -> int:

@@ -13,13 +13,16 @@ import json
 import math
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SILENT_AFTER_S = 60.0
+PEERS_KEPT = 256
+"""Publishers a node's view remembers (the most recently seen): a flood of keys cannot grow the dashboard."""
+PEERS_SHOWN = 32
 
 
 def _real(value: Any) -> float | None:
@@ -48,6 +51,22 @@ def _families(value: Any) -> dict[str, float]:
         return {}
     fractions = {str(k): _fraction(v) for k, v in value.items()}
     return {k: v for k, v in sorted(fractions.items(), key=lambda kv: kv[0]) if v is not None}
+
+
+def _dict(value: Any) -> dict[Any, Any]:
+    """``value`` if it is a dict (a malformed field reads as empty)."""
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass
+class PeerRow:
+    """What one node saw of one publisher over the rounds: batches taken, groups trained on, refusals."""
+
+    last_time: float = 0.0
+    last_round: int = 0
+    batches: int = 0
+    used: int = 0
+    refused: int = 0
 
 
 def _thin(keys: list[int], max_points: int) -> list[int]:
@@ -143,6 +162,7 @@ class NodeView:
     heldout_last: Eval | None = None
     heldout_series: dict[int, float] = field(default_factory=dict)
     _bytes_base: Counter[str] = field(default_factory=Counter)
+    peers: OrderedDict[str, PeerRow] = field(default_factory=OrderedDict)
 
     def add(self, ev: dict[str, Any]) -> None:
         """Fold one event in."""
@@ -176,6 +196,27 @@ class NodeView:
         if unexplained > 0:
             self.rejected["other"] += unexplained
         self.peers_seen = max(self.peers_seen, int(ev.get("peers_seen") or 0))
+        self._add_peers(ev)
+
+    def _add_peers(self, ev: dict[str, Any]) -> None:
+        """Fold the round's per-publisher counts into the peer rows (the ``PEERS_KEPT`` most recently seen)."""
+        when, rnd = _real(ev.get("time")) or 0.0, _count(ev.get("round")) or 0
+        used = {str(p)[-6:]: _count(n) or 0 for p, n in _dict(ev.get("external_peers")).items()}
+        parts = [("batches", _dict(ev.get("batches_from"))), ("used", used), ("refused", _dict(ev.get("refused_from")))]
+        for column, counts in parts:
+            for peer, n in counts.items():
+                row = self.peers.pop(str(peer), None) or PeerRow()
+                row.last_time, row.last_round = when, rnd
+                setattr(row, column, getattr(row, column) + (_count(n) or 0))
+                self.peers[str(peer)] = row
+        while len(self.peers) > PEERS_KEPT:
+            self.peers.popitem(last=False)
+
+    def peers_json(self, now: float) -> list[dict[str, Any]]:
+        """The ``PEERS_SHOWN`` most recently seen peers, newest first."""
+        shown = list(self.peers.items())[-PEERS_SHOWN:][::-1]
+        return [{"peer": p, "age_s": max(0.0, now - r.last_time), "round": r.last_round, "batches": r.batches,
+                 "used": r.used, "refused": r.refused} for p, r in shown]  # fmt: skip
 
     def _add_sync(self, ev: dict[str, Any]) -> None:
         self.revision, self.state_hash = int(ev.get("revision") or 0), str(ev.get("state_hash") or "")
@@ -236,6 +277,7 @@ class NodeView:
             "sync_aborted": dict(self.sync_aborted), "revision": self.revision, "state_hash": self.state_hash[:12],
             "bytes_in": self.bytes("bytes_in"), "bytes_out": self.bytes("bytes_out"), "sync_bytes": t["sync_bytes"],
             "round_s": self.last.get("round_s"), "series": series, "heldout": self.heldout_json(now, max_points),
+            "peers": self.peers_json(now), "banned_peers": _count(self.last.get("banned_peers")),
             "rss_mb": _real(self.last.get("rss_mb")), "children_rss_mb": _real(self.last.get("children_rss_mb")),
             "cpu_s": _real(self.last.get("cpu_s")), "children_cpu_s": _real(self.last.get("children_cpu_s")),
         }  # fmt: skip

@@ -59,6 +59,9 @@ vertical-align:middle;margin-right:4px}svg text{font-size:11px;fill:#667}.muted{
 </h2><svg id="heldout-chart" viewBox="0 0 1000 200" width="100%" height="200" preserveAspectRatio="none"></svg>
 <h2>By task family <span class="muted">(last evaluation)</span></h2><div class="scroll">
 <table id="heldout-families"><thead></thead><tbody></tbody></table></div></section>
+<section><h2>Peers <span class="muted">(publishers each node took from or refused; most recent first)</span></h2>
+<div class="scroll"><table id="peers"><thead><tr><th>node</th><th>peer</th><th>last seen</th><th>round</th>
+<th>batches</th><th>groups used</th><th>refused</th></tr></thead><tbody></tbody></table></div></section>
 <section><h2>Groups not used, by reason</h2><table id="reasons">
 <thead><tr><th>reason</th><th>kind</th><th>count</th></tr></thead><tbody></tbody></table></section>
 </main>
@@ -127,6 +130,14 @@ function drawNodes(nodes){
      ...heldoutCells(n.heldout)
     ].forEach(td=>tr.appendChild(td));tb.appendChild(tr);}
 }
+function drawPeers(nodes){
+  const tb=$("peers").tBodies[0];tb.textContent="";
+  for(const n of nodes)for(const p of (n.peers||[])){const tr=document.createElement("tr");tr.dataset.peer=p.peer;
+    [cell("node",n.peer),cell("peer",p.peer),cell("age",ago(p.age_s)),cell("round",p.round),cell("batches",p.batches),
+     cell("used",p.used),cell("refused",p.refused)].forEach(td=>tr.appendChild(td));tb.appendChild(tr);}
+  if(!tb.rows.length){const tr=document.createElement("tr");tr.appendChild(cell("none","no peer yet"));
+    tb.appendChild(tr);}
+}
 function drawReasons(nodes){
   const rows={},add=(k,c)=>{if(c)rows[k]=(rows[k]||0)+c;};
   for(const n of nodes){
@@ -168,7 +179,7 @@ function render(d){
   $("t-groups").textContent=t.accepted+" / "+t.used;$("t-rejected").textContent=t.rejected;
   $("t-sync").textContent=t.sync_committed+" / "+t.sync_aborted;$("t-revision").textContent=t.revision;
   $("t-bytes").textContent=human(t.bytes_in)+" / "+human(t.bytes_out);
-  drawHeldoutCard(t);drawChart(d.nodes);drawNodes(d.nodes);drawReasons(d.nodes);drawHeldout(d.nodes);
+  drawHeldoutCard(t);drawChart(d.nodes);drawNodes(d.nodes);drawPeers(d.nodes);drawReasons(d.nodes);drawHeldout(d.nodes);
   $("updated").textContent="live, updated "+new Date(d.time*1000).toLocaleTimeString();
 }
 async function poll(){

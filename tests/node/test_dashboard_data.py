@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from node.dashboard import prometheus
-from node.dashboard.data import MetricsTail, SwarmView
+from node.dashboard.data import PEERS_KEPT, MetricsTail, NodeView, SwarmView
 from node.dashboard.page import PAGE
 from node.dashboard.server import Dashboard, DashboardConfig, host_allowed, swarm_view
 from node.observe.metrics import MetricsWriter
@@ -262,3 +262,28 @@ def test_memory_and_cpu_per_node_in_json_page_and_prometheus(tmp_path: Path) -> 
     assert 'swarm_node_cpu_seconds_total{peer="aaaaaa",model="tiny-s",process="node"} 42.25' in lines
     assert not [line for line in lines if line.startswith("swarm_node_resident") and "bbbbbb" in line]
     assert "memory MB" in PAGE and 'cell("memory"' in PAGE
+
+
+def test_peers_table_folds_batches_groups_and_refusals_per_publisher(tmp_path: Path) -> None:
+    w = MetricsWriter(tmp_path / "aaaaaa" / "metrics.jsonl")
+    w.write("start", time=1.0, peer="peer-aaaaaa", model="tiny-s")
+    w.write("round", time=2.0, peer="peer-aaaaaa", round=1, batches_from={"pub111": 2},
+            external_peers={"12D3pub111": 3}, refused_from={"evil99": 5})  # fmt: skip
+    w.write("round", time=3.0, peer="peer-aaaaaa", round=2, batches_from={"pub111": 1, "pub222": 1},
+            external_peers={"12D3pub111": 1}, refused_from="not a dict")  # fmt: skip
+    w.close()
+    (node,) = swarm_view(tmp_path, "t").snapshot(now=4.0)["nodes"]
+    rows = {r["peer"]: r for r in node["peers"]}
+    assert [r["peer"] for r in node["peers"]][-1] == "evil99"  # seen longest ago: last
+    assert (rows["pub111"]["batches"], rows["pub111"]["used"], rows["pub111"]["round"]) == (3, 4, 2)
+    assert (rows["evil99"]["refused"], rows["evil99"]["used"], rows["evil99"]["age_s"]) == (5, 0, 2.0)
+    assert rows["pub222"]["batches"] == 1 and 'id="peers"' in PAGE and "drawPeers(d.nodes)" in PAGE
+
+
+def test_a_flood_of_publisher_keys_does_not_grow_the_peers_view() -> None:
+    view = NodeView()
+    for r in range(1, 21):
+        view.add({"event": "round", "time": 1.0 + r, "round": r, "refused_from": {f"k{r}-{i}": 1 for i in range(64)}})
+    assert len(view.peers) == PEERS_KEPT and "k20-63" in view.peers and "k1-0" not in view.peers
+    shown = view.peers_json(now=30.0)
+    assert len(shown) == 32 and shown[0]["peer"] == "k20-63"

@@ -92,6 +92,7 @@ def test_a_publisher_beyond_its_quota_is_refused_and_others_are_not() -> None:
     assert out.reasons == {RejectReason.PUBLISHER_QUOTA.value: 15}
     assert out.accepted == 7 and len(pool) == 7 and seen == {A, B}
     assert out.tallies == {A: PublisherTally(5, 5, 0), B: PublisherTally(2, 2, 0)}
+    assert out.refused_from == {"aaaaaa": 15}  # what the dashboard's peers table shows, by short id
 
 
 def test_task_builds_are_bounded_per_round_and_per_publisher(monkeypatch: pytest.MonkeyPatch) -> None:
