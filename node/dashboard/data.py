@@ -163,6 +163,8 @@ class NodeView:
     heldout_series: dict[int, float] = field(default_factory=dict)
     _bytes_base: Counter[str] = field(default_factory=Counter)
     peers: OrderedDict[str, PeerRow] = field(default_factory=OrderedDict)
+    last_sync: dict[str, Any] = field(default_factory=dict)
+    catch_ups: int = 0
 
     def add(self, ev: dict[str, Any]) -> None:
         """Fold one event in."""
@@ -212,6 +214,13 @@ class NodeView:
         while len(self.peers) > PEERS_KEPT:
             self.peers.popitem(last=False)
 
+    def sync_json(self, now: float) -> dict[str, Any] | None:
+        """The last sync event's result, cause, group, duration, suspects and age; None before any."""
+        if not self.last_sync:
+            return None
+        when = self.last_sync["time"]
+        return {**self.last_sync, "age_s": None if when is None else max(0.0, now - when)}
+
     def peers_json(self, now: float) -> list[dict[str, Any]]:
         """The ``PEERS_SHOWN`` most recently seen peers, newest first."""
         shown = list(self.peers.items())[-PEERS_SHOWN:][::-1]
@@ -220,6 +229,13 @@ class NodeView:
 
     def _add_sync(self, ev: dict[str, Any]) -> None:
         self.revision, self.state_hash = int(ev.get("revision") or 0), str(ev.get("state_hash") or "")
+        suspects = _dict(ev.get("suspect_peers"))
+        self.last_sync = {
+            "time": _real(ev.get("time")), "result": str(ev.get("reason") or ""), "cause": str(ev.get("cause") or ""),
+            "group_size": _count(ev.get("group_size")), "sync_s": _real(ev.get("sync_s")),
+            "suspects": {str(p)[-6:]: str(r) for p, r in list(suspects.items())[:8]},
+        }  # fmt: skip
+        self.catch_ups += bool(ev.get("caught_up"))
         self.totals["sync_bytes"] += int(ev.get("bytes_sent") or 0)
         if ev.get("committed"):
             self.totals["sync_committed"] += 1
@@ -277,7 +293,8 @@ class NodeView:
             "sync_aborted": dict(self.sync_aborted), "revision": self.revision, "state_hash": self.state_hash[:12],
             "bytes_in": self.bytes("bytes_in"), "bytes_out": self.bytes("bytes_out"), "sync_bytes": t["sync_bytes"],
             "round_s": self.last.get("round_s"), "series": series, "heldout": self.heldout_json(now, max_points),
-            "peers": self.peers_json(now), "banned_peers": _count(self.last.get("banned_peers")),
+            "last_sync": self.sync_json(now), "catch_ups": self.catch_ups, "peers": self.peers_json(now),
+            "banned_peers": _count(self.last.get("banned_peers")),
             "rss_mb": _real(self.last.get("rss_mb")), "children_rss_mb": _real(self.last.get("children_rss_mb")),
             "cpu_s": _real(self.last.get("cpu_s")), "children_cpu_s": _real(self.last.get("children_cpu_s")),
         }  # fmt: skip

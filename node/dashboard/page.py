@@ -51,7 +51,7 @@ vertical-align:middle;margin-right:4px}svg text{font-size:11px;fill:#667}.muted{
 <section><h2>Nodes</h2><div class="scroll"><table id="nodes"><thead><tr><th>peer</th><th>model</th><th>status</th>
 <th>round</th><th>reward</th><th>ext. reward</th><th>peers</th><th>accepted</th><th>used</th><th>rejected</th>
 <th>fetch failed</th><th>no signal</th><th>sync ok / aborted</th><th>revision</th><th>bytes in / out</th>
-<th>round s</th><th title="resident memory: node process / its DHT and p2pd">memory MB</th>
+<th>last sync</th><th>round s</th><th title="resident memory: node process / its DHT and p2pd">memory MB</th>
 <th title="CPU seconds since start: node / DHT and p2pd">CPU s</th>
 <th>held-out</th><th>sampled</th><th>eval round / age</th>
 </tr></thead><tbody></tbody></table></div></section>
@@ -124,11 +124,20 @@ function drawNodes(nodes){
      cell("external_reward",fmt(n.external_reward,3)),cell("peers_seen",n.peers_seen),cell("accepted",n.accepted),
      cell("used",n.used),cell("rejected",rej),cell("fetch_failed",n.fetch_failed),
      cell("dropped_zero_adv",n.dropped_zero_adv),cell("sync",n.sync_committed+" / "+ab),cell("revision",n.revision),
-     cell("bytes",human(n.bytes_in)+" / "+human(n.bytes_out)),cell("round_s",fmt(n.round_s,2)),
+     cell("bytes",human(n.bytes_in)+" / "+human(n.bytes_out)),syncCell(n),cell("round_s",fmt(n.round_s,2)),
      cell("memory",fmt(n.rss_mb,0)+" / "+fmt(n.children_rss_mb,0)),
      cell("cpu",fmt(n.cpu_s,0)+" / "+fmt(n.children_cpu_s,0)),
      ...heldoutCells(n.heldout)
     ].forEach(td=>tr.appendChild(td));tb.appendChild(tr);}
+}
+function syncCell(n){
+  const s=n.last_sync;if(!s)return cell("last_sync","-");
+  const what=s.result+(s.cause?" ("+s.cause+")":"")+", "+(s.group_size??"-")+" peers, "+fmt(s.sync_s,1)+" s, "
+    +ago(s.age_s);
+  const c=cell("last_sync",what),sus=Object.entries(s.suspects||{});
+  c.title="catch-ups: "+n.catch_ups+(sus.length?"\nsuspects: "+sus.map(([p,r])=>p+" "+r).join(", "):"");
+  if(sus.length)c.textContent+=", "+sus.length+" suspect"+(sus.length>1?"s":"");
+  return c;
 }
 function drawPeers(nodes){
   const tb=$("peers").tBodies[0];tb.textContent="";

@@ -287,3 +287,23 @@ def test_a_flood_of_publisher_keys_does_not_grow_the_peers_view() -> None:
     assert len(view.peers) == PEERS_KEPT and "k20-63" in view.peers and "k1-0" not in view.peers
     shown = view.peers_json(now=30.0)
     assert len(shown) == 32 and shown[0]["peer"] == "k20-63"
+
+
+def test_last_sync_shows_result_cause_group_duration_suspects_and_age(tmp_path: Path) -> None:
+    w = write_node(tmp_path / "aaaaaa" / "metrics.jsonl", "peer-aaaaaa", 2)
+    w.write("sync", time=5.0, peer="peer-aaaaaa", revision=3, state_hash="ab" * 32, committed=True, group_size=3,
+            reason="committed", cause="", sync_s=1.25, caught_up=True, suspect_peers={})  # fmt: skip
+    w.write("sync", time=8.0, peer="peer-aaaaaa", revision=3, state_hash="ab" * 32, committed=False, group_size=2,
+            reason="aborted", cause="member lost before voting", sync_s=4.5,
+            suspect_peers={"12D3evil42": "clipped"})  # fmt: skip
+    w.close()
+    (node,) = swarm_view(tmp_path, "t").snapshot(now=10.0)["nodes"]
+    assert node["last_sync"] == {
+        "time": 8.0, "result": "aborted", "cause": "member lost before voting", "group_size": 2, "sync_s": 4.5,
+        "suspects": {"evil42": "clipped"}, "age_s": 2.0,
+    }  # fmt: skip
+    assert node["catch_ups"] == 1 and "syncCell(n)" in PAGE
+    write_node(tmp_path / "bbbbbb" / "metrics.jsonl", "peer-bbbbbb", 1).close()
+    assert [n["last_sync"] for n in swarm_view(tmp_path, "t").snapshot(now=10.0)["nodes"] if n["peer"] == "bbbbbb"] == [
+        None
+    ]
