@@ -24,6 +24,14 @@ def _scalar_type(annotation: Any) -> Any:
     return annotation
 
 
+def _with_default(helptext: str, default: Any, annotation: Any) -> str:
+    """The help with its default appended, unless the help already says what the default is (or a switch)."""
+    if annotation is bool or typing.get_origin(annotation) is tuple or "default" in helptext:
+        return helptext
+    shown = "unset" if default is None or default == "" else str(default)
+    return f"{helptext} (default: {shown})"
+
+
 def add_option_flags(parser: argparse.ArgumentParser, cls: type[NodeOptions]) -> None:
     """Add a flag for every option field of ``cls`` to ``parser``, in argument groups by the field's group."""
     groups: dict[str, Any] = {}
@@ -40,7 +48,11 @@ def add_option_flags(parser: argparse.ArgumentParser, cls: type[NodeOptions]) ->
             helptext = meta["help"]
         names = [n for n in (meta["short"], flag_of(f)) if n]
         annotation = hints[f.name]
+        if helptext is not argparse.SUPPRESS and not meta["count"]:
+            helptext = _with_default(helptext, f.default, annotation)
         common: dict[str, Any] = {"dest": f.name, "help": helptext}
+        if meta["choices"]:
+            common["choices"] = meta["choices"]
         if meta["count"]:
             target.add_argument(*names, action="count", default=f.default, **common)
         elif annotation is bool:

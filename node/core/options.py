@@ -41,6 +41,7 @@ def option(
     count: bool = False,
     hidden: bool = False,
     inherit: bool = False,
+    choices: tuple[str, ...] = (),
 ) -> Any:
     """A dataclass field that is also a CLI flag.
 
@@ -48,10 +49,11 @@ def option(
     repeatable switch (``-vv``); ``hidden`` flags are internal (not in help or
     config files); ``inherit`` marks options that ``local`` hands to every child
     node. A ``bool`` field is a switch; a ``tuple[str, ...]`` field is a
-    repeatable flag.
+    repeatable flag. ``choices`` are the only values the flag takes (argparse
+    refuses any other before anything heavy is imported).
     """
     meta = {"help": help, "group": group, "flag": flag, "short": short, "count": count}
-    meta |= {"hidden": hidden, "inherit": inherit}
+    meta |= {"hidden": hidden, "inherit": inherit, "choices": choices}
     return field(default=default, metadata=meta)
 
 
@@ -105,6 +107,7 @@ class NodeOptions:
         "external group choice: uniform, advantage (groups with signal first) or credit (then by what their sources "
         "taught this node)",
         inherit=True,
+        choices=("uniform", "advantage", "credit"),
     )
     max_source_share: float = option(
         0.5, "most rows one peer may supply to a training step, as a share of this node's own rows (I x G); with "
@@ -121,7 +124,7 @@ class NodeOptions:
     )  # fmt: skip
     external_baseline: str = option(
         "receiver", "baseline of peers' groups: group (their mean) or receiver (this node's mean reward on the family)",
-        group=OFFPOLICY, inherit=True,
+        group=OFFPOLICY, inherit=True, choices=("group", "receiver"),
     )  # fmt: skip
     gradient_checkpointing: bool = option(
         False,
@@ -136,6 +139,7 @@ class NodeOptions:
     adapter: str = option(
         "none", "none (train every weight) or lora (train low-rank adapters on the frozen model: a fraction of the "
         "memory; only the adapters are checkpointed and averaged)", group=ADAPTER, inherit=True,
+        choices=("none", "lora"),
     )  # fmt: skip
     lora_rank: int = option(16, "rank r of each adapter", group=ADAPTER, inherit=True)
     lora_alpha: int = option(32, "adapter scale: its update is multiplied by alpha / r", group=ADAPTER, inherit=True)
@@ -161,7 +165,12 @@ class NodeOptions:
         inherit=True,
     )
     log_dir: str = option("runs", "metrics go to <log-dir>/<peer-short-id>/metrics.jsonl")
-    device: str = option("auto", "auto, cpu, cuda or mps", inherit=True)
+    device: str = option(
+        "auto",
+        "where the model runs (auto: cuda, then mps, then cpu)",
+        inherit=True,
+        choices=("auto", "cpu", "cuda", "mps"),
+    )
     max_threads: int = option(0, "cap torch CPU threads (0: torch default)")
     verbose: int = option(0, "more log detail (-vv for debug)", short="-v", count=True, inherit=True)
     sync_every: int = option(0, "rounds between outer syncs (H); 0 turns sync off", group=SYNC, inherit=True)
@@ -180,7 +189,9 @@ class NodeOptions:
         5.0, "gather window: peers arriving within it form a group (s)", group=SYNC, inherit=True
     )
     sync_timeout: float = option(60.0, "bound on one sync's all-reduce (s)", group=SYNC, inherit=True)
-    sync_compression: str = option("none", "none, fp16 or int8", group=SYNC, inherit=True)
+    sync_compression: str = option(
+        "none", "wire encoding of the all-reduce", group=SYNC, inherit=True, choices=("none", "fp16", "int8")
+    )
     sync_stream_only: bool = option(
         False,
         "move the all-reduce's bytes on the encrypted P2P streams only (default: on direct TCP connections, "
@@ -195,6 +206,7 @@ class NodeOptions:
         "member reversing the group's progress, from 3 members up) or mean",
         group=SYNC,
         inherit=True,
+        choices=("mean", "trimmed_mean", "median", "centered_clip"),
     )
     eval_every: int = option(
         0, "rounds between held-out evaluations, also run before the first round and after the last (0: off)",

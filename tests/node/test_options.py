@@ -138,3 +138,26 @@ def test_init_file_lists_every_visible_option_once() -> None:
         for key in file_options(subcommand_parser(parser, command)):
             assert text.count(f"# {key} = ") + text.count(f"# {key}: unset by default") == 1, key
     assert "ready-file" not in text and "go-file" not in text and "hold" not in text
+
+
+def test_choices_are_the_components_own_and_help_shows_them_with_the_default() -> None:
+    from node.core.config import DEVICES
+    from node.core.pool import SAMPLING_POLICIES
+    from node.training.adapters import ADAPTERS
+    from node.training.offpolicy import BASELINES
+    from swarm.sync.config import AGGREGATORS, COMPRESSIONS
+
+    actions = _actions("start")
+    expected = {
+        "sampling": SAMPLING_POLICIES, "external_baseline": BASELINES, "adapter": ADAPTERS, "device": DEVICES,
+        "sync_compression": COMPRESSIONS, "sync_aggregator": AGGREGATORS,
+    }  # fmt: skip
+    for dest, values in expected.items():
+        assert tuple(actions[dest].choices or ()) == values, dest
+    text = subcommand_parser(build_parser(), "start").format_help()
+    assert "{uniform,advantage,credit}" in text and "(default: advantage)" in text
+    for dest, action in actions.items():
+        switch_or_list = isinstance(action, argparse._StoreTrueAction | argparse._AppendAction | argparse._CountAction)
+        if switch_or_list or action.help == argparse.SUPPRESS:
+            continue
+        assert "default" in str(action.help), f"--{dest}: help does not say its default"
