@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # Where torch comes from: pip's configured index unless set, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: test demo install lint typecheck pytest bench clean
+.PHONY: test test-fast demo install lint typecheck pytest bench clean
 
 install: $(STAMP)
 
@@ -28,9 +28,19 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 pytest: $(STAMP)
-	$(VENV)/bin/pytest protocol swarm node tests
+	$(VENV)/bin/pytest --durations=25 protocol swarm node tests
 
-test: lint typecheck pytest
+# Every check runs, and the target fails at the end if any did: a lint nit does not hide a test failure.
+test: $(STAMP)
+	@status=0; \
+	$(MAKE) --no-print-directory lint || status=1; \
+	$(MAKE) --no-print-directory typecheck || status=1; \
+	$(MAKE) --no-print-directory pytest || status=1; \
+	exit $$status
+
+# What starts no process and is not slow (tests/conftest.py enforces the mark): about a minute.
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -q -m "not process and not network and not slow" protocol swarm node tests
 
 demo: $(STAMP)
 	$(VENV)/bin/swarm-node local --nodes 4 --rounds 300 --task max --task min --log-dir runs/demo

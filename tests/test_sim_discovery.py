@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from bench.sim_discovery import Params, simulate
 
 BASE = Params(nodes=0, round_s=10.0, rounds=6, warmup_rounds=3)
@@ -14,6 +16,7 @@ def _run(mode: str, n: int, **kw: object) -> tuple[float, float, float]:
     return o.bytes_per_node_s, o.busiest_replica_s, sum(o.filled) / max(len(o.filled), 1)
 
 
+@pytest.mark.slow
 def test_one_key_grows_with_the_swarm_and_shards_do_not() -> None:
     single = [_run("single", n) for n in (200, 1600)]
     sharded = [_run("sharded", n) for n in (200, 1600)]
@@ -35,6 +38,7 @@ def test_a_key_past_the_message_cap_reads_as_nothing() -> None:
     assert _run("single", 300, **big)[2] < 0.5  # once the window's key is full, collects find nothing
 
 
+@pytest.mark.slow
 def test_nodes_joining_a_sharded_swarm_late_find_it() -> None:
     # 10% of the nodes join two 30 s windows after the swarm spread over shards: no key at one shard holds
     # anyone any more, and the joiners would find only each other there (an island) but for the probes

@@ -58,6 +58,7 @@ def test_bad_input_is_one_sentence(
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.process
 def test_real_invocation_prints_no_traceback(tmp_path: Path) -> None:
     res = subprocess.run(
         [sys.executable, "-m", "node", "join", "--peer", "/ip4/127.0.0.1/tcp/1", "--identity", f"{tmp_path}/k"],

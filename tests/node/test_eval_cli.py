@@ -207,6 +207,7 @@ def test_bad_input_is_one_sentence(
     assert len(err.strip().splitlines()) == 1 and captured.out == ""
 
 
+@pytest.mark.process
 def test_bad_input_fails_before_torch_is_imported() -> None:
     code = (
         "import sys\nfrom node.cli.main import main\n"

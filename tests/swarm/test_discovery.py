@@ -97,7 +97,7 @@ def _simulate(n: int, windows: int, seed: int = 0) -> tuple[set[int], list[int]]
     return set(shards.values()), read_counts
 
 
-@pytest.mark.parametrize("n", [100, 1000, 3000])  # 10,000: bench/sim_discovery.py
+@pytest.mark.parametrize("n", [100, 1000, pytest.param(3000, marks=pytest.mark.slow)])  # 10,000: bench/sim_discovery.py
 def test_a_swarm_agrees_on_its_shard_count_and_each_read_stays_bounded(n: int) -> None:
     counts, reads = _simulate(n, windows=8)
     assert len(counts) <= 2, counts  # nodes agree, within one level near a threshold

@@ -23,6 +23,8 @@ from swarm.sync import direct
 from swarm.sync.allreduce import AllReduceResult, RoundPlan, Snapshot, SyncService
 from swarm.sync.config import SyncAborted
 
+pytestmark = pytest.mark.process  # real p2pd daemons and TCP listeners
+
 N = 300_000
 """Elements: several 1 MiB chunks per slice, so the relay sees a stream, not one packet."""
 
