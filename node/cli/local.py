@@ -8,6 +8,7 @@ always bounded: SIGTERM, a grace period, then SIGKILL of the PIDs we started.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -51,7 +52,7 @@ class Child:
         return short_id(self.peer_id)
 
 
-def _models(args: Any) -> list[str]:
+def _models(args: argparse.Namespace) -> list[str]:
     if args.models:
         return [m.strip() for m in args.models.split(",") if m.strip()]
     if args.model != default_of(LocalOptions, "model"):  # the user named one model: use it everywhere
@@ -59,7 +60,9 @@ def _models(args: Any) -> list[str]:
     return list(DEFAULT_LOCAL_MODELS)
 
 
-def _spawn(args: Any, i: int, model: str, log_dir: Path, peers: list[str], server: ForkServer | None) -> Child:
+def _spawn(
+    args: argparse.Namespace, i: int, model: str, log_dir: Path, peers: list[str], server: ForkServer | None
+) -> Child:
     key = log_dir / "keys" / f"node{i}.key"
     identity = load_or_create(key)
     cmd = ["join" if peers else "start"]
@@ -124,7 +127,7 @@ def _stop_all(children: list[Child]) -> None:
         c.log.close()
 
 
-def run_local(args: Any) -> int:
+def run_local(args: argparse.Namespace) -> int:
     if not 1 <= args.nodes <= 64:
         raise CliError(f"--nodes {args.nodes}: use 1-64 nodes")
     if not 0 <= args.isolated <= args.nodes:
@@ -173,7 +176,7 @@ def run_local(args: Any) -> int:
     return 0
 
 
-def _start_dashboard(args: Any, log_dir: Path) -> Dashboard | None:
+def _start_dashboard(args: argparse.Namespace, log_dir: Path) -> Dashboard | None:
     """One swarm-wide dashboard over every node's metrics file; a busy default port falls back to a free one."""
     if args.no_dashboard or args.dashboard_port is None:
         return None
@@ -190,7 +193,7 @@ def _start_dashboard(args: Any, log_dir: Path) -> Dashboard | None:
     return dash
 
 
-def _watch(children: list[Child], log_dir: Path, args: Any, stop: Any) -> None:
+def _watch(children: list[Child], log_dir: Path, args: argparse.Namespace, stop: Any) -> None:
     last_change, last = time.monotonic(), [-1] * len(children)
     while not stop.is_set():
         rounds, rewards = _progress(children, log_dir)

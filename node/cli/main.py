@@ -142,6 +142,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def node_args_to_list(args: Any) -> list[str]:
+def node_args_to_list(args: argparse.Namespace) -> list[str]:
     """The options ``local`` hands to every child node, as a command line (generated from the options)."""
     return to_argv(options_from(LocalOptions, args))

@@ -13,6 +13,7 @@ regardless; a second Ctrl-C exits at once (status 130).
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -20,7 +21,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from node.cli.errors import CliError
 from node.cli.main import parse_host_port
@@ -42,7 +42,7 @@ LEAVE_BOUND_S = 25.0
 EXIT_LEAVE_TIMEOUT = 1
 
 
-def build_node(args: Any) -> Node:
+def build_node(args: argparse.Namespace) -> Node:
     """Turn parsed flags into a :class:`Node`; bad values become one-sentence CliErrors."""
     cls = JoinOptions if getattr(args, "command", "") == "join" else NodeOptions
     opts = options_from(cls, args)
@@ -63,7 +63,7 @@ def _join_hint(addrs: list[str]) -> str:
     return f"swarm-node join --peer {best[0]}" if best else "(no listen address)"
 
 
-def _announce(node: Node, args: Any, dashboard_url: str) -> None:
+def _announce(node: Node, args: argparse.Namespace, dashboard_url: str) -> None:
     assert node.links is not None
     addrs = node.links.multiaddrs()
     if args.ready_file:
@@ -112,7 +112,7 @@ def start_leave_watchdog(node: Node, bound_s: float = LEAVE_BOUND_S) -> threadin
     return thread
 
 
-def _start_dashboard(node: Node, args: Any) -> Dashboard | None:
+def _start_dashboard(node: Node, args: argparse.Namespace) -> Dashboard | None:
     try:
         cfg = DashboardConfig(port=args.dashboard_port, host=args.dashboard_host)
     except ValueError as e:
@@ -127,7 +127,7 @@ def _start_dashboard(node: Node, args: Any) -> Dashboard | None:
     return dash
 
 
-def run_node(args: Any) -> int:
+def run_node(args: argparse.Namespace) -> int:
     """Start (or join), run the configured rounds, then leave cleanly."""
     signals = stop_signals(args, starting=True)
     warning = sync_partner_warning(
