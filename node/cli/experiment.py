@@ -27,7 +27,8 @@ def add_experiment_parser(sub: Any) -> argparse.ArgumentParser:
         flag = "--" + f.name.replace("_", "-")
         helptext = f.metadata["help"]
         if f.name in LIST_FIELDS:
-            p.add_argument(flag, type=_csv, default=None, help=helptext + " (comma-separated)")
+            shown = ",".join(map(str, _default(f.name))) or "none"
+            p.add_argument(flag, type=_csv, default=None, help=f"{helptext} (comma-separated; default {shown})")
         elif isinstance(_default(f.name), bool):  # a switch: --no-NAME turns a default-on field off
             off = "--no-" + f.name.replace("_", "-")
             p.add_argument(off, dest=f.name, action="store_false", default=None, help=f"off: {helptext}")

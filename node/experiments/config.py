@@ -32,7 +32,7 @@ class ExperimentConfig:
     seed_base: int = field(default=0, metadata={"help": "Run k uses seed seed_base + 100 k (node i adds i)."})
     rounds: int = field(default=150, metadata={"help": "Rounds per node in every run."})
     sampling: tuple[str, ...] = field(
-        default=("uniform",),
+        default=("advantage",),  # a node's own default (node.core.options)
         metadata={"help": "External sampling policies to compare: " + ", ".join(SAMPLING_POLICIES) + "."},
     )
     objectives: tuple[str, ...] = field(

@@ -161,3 +161,9 @@ def test_choices_are_the_components_own_and_help_shows_them_with_the_default() -
         if switch_or_list or action.help == argparse.SUPPRESS:
             continue
         assert "default" in str(action.help), f"--{dest}: help does not say its default"
+
+
+def test_an_experiment_compares_what_a_node_runs_by_default() -> None:
+    from node.experiments.config import ExperimentConfig
+
+    assert ExperimentConfig().sampling == (NodeOptions().sampling,)
