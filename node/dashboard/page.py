@@ -141,7 +141,7 @@ function syncCell(n){
 }
 function drawPeers(nodes){
   const tb=$("peers").tBodies[0];tb.textContent="";
-  for(const n of nodes)for(const p of (n.peers||[])){const tr=document.createElement("tr");tr.dataset.peer=p.peer;
+  for(const n of nodes)for(const p of (n.peers||[])){const tr=document.createElement("tr");tr.dataset.publisher=p.peer;
     [cell("node",n.peer),cell("peer",p.peer),cell("age",ago(p.age_s)),cell("round",p.round),cell("batches",p.batches),
      cell("used",p.used),cell("refused",p.refused)].forEach(td=>tr.appendChild(td));tb.appendChild(tr);}
   if(!tb.rows.length){const tr=document.createElement("tr");tr.appendChild(cell("none","no peer yet"));

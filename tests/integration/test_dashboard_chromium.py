@@ -69,9 +69,12 @@ def test_dashboard_in_chromium(local_swarm: tuple[str, Path]) -> None:
     wait_for(lambda: _rounds_in_files(log_dir) >= rounds_before + 6, 60, "more rounds")
     second = dump_dom(binary, url)
     assert int(_figure(second, "t-rounds")) > rounds_before, "the figures update"
+    assert re.search(r'data-k="memory">\d+ / \d+<', second), "each node's memory: node / DHT and p2pd"
+    assert re.search(r'<tr data-publisher="\w+">', second), "the peers table lists the other node"
 
     metrics = urllib.request.urlopen(url + "metrics", timeout=10).read().decode()
     assert "# TYPE swarm_node_round gauge" in metrics
+    assert len(re.findall(r'^swarm_node_resident_memory_bytes\{.*process="node"\} \d+$', metrics, re.M)) == 2
     assert len(re.findall(r"^swarm_node_round\{peer=\"\w+\",model=\"[\w-]+\"\} \d+$", metrics, re.M)) == 2
 
     png = screenshot(binary, url, ARTIFACT)

@@ -44,8 +44,8 @@ def test_experiment_writes_results_table_and_plots_then_resumes(procs: Procs, tm
         assert all(n["cpu_s"] > 0 for n in r["nodes"])
     assert len(data["heldout"][1]["ratios"]) == 1
     table = (out / "results.md").read_text()
-    assert "| uniform | 4/0 | 1 |" in table and "| uniform | 2/2 | 1 |" in table
-    assert "Held-out accuracy, paired by seed against uniform 4/0" in table
+    assert "| advantage | 4/0 | 1 |" in table and "| advantage | 2/2 | 1 |" in table  # a node's default sampling
+    assert "Held-out accuracy, paired by seed against advantage 4/0" in table
     for png in ("reward_curves.png", "cumulative.png", "heldout.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     metrics = list((out / "runs").glob("*/*/seed0/*/metrics.jsonl"))
