@@ -107,6 +107,8 @@ class CatchUpper:
         self._reported: set[tuple[str, CatchUpRefusal]] = set()
         self._steps: deque[float] = deque(maxlen=RECENT_STEPS)
         self._undecided: deque[int] = deque(maxlen=MAX_UNDECIDED)
+        self.alone_warned = False
+        """Whether this peer, trusting no one, has said that live strangers report later states (see orphaned)."""
 
     def note_step(self, shift_norm: float) -> None:
         """This peer committed an outer step that moved its anchor by ``shift_norm``."""
@@ -275,15 +277,19 @@ class CatchUpper:
         ``--peer`` (or a trusted peer coming back) rejoins it. Keys minted to
         claim later states cannot cause this: it needs every trusted peer silent,
         whether or not its record is still in the DHT (the 64 most recent are pinged).
-        A node that trusts no one yet (the first node of a swarm) is no orphan.
+        A node that trusts no one yet (the first node of a swarm, before its first commit) is no orphan:
+        see :meth:`_alone_behind`.
         Costs one ping round (bounded by ``ping_timeout_s``), only when strangers are ahead.
         """
         trusted = self.trusted()
-        if not trusted or self._alive is None:
+        if self._alive is None:
             return False
         states = self._records.states
         ahead = sorted((p for p, r in states.items() if p not in trusted and r.revision > snap.revision))[:16]
         if not ahead:
+            return False
+        if not trusted:
+            self._alone_behind(ahead)
             return False
         # every trusted peer, not only those with a record: a flood of records can evict theirs from the
         # DHT's storage while they live on, and a stranger's claim alone must not pause this node
@@ -298,6 +304,31 @@ class CatchUpper:
             len(answered & set(ahead)),
         )
         return True
+
+    def _alone_behind(self, ahead: list[str]) -> None:
+        """Say once that this peer, trusting no one, is left behind by live peers at later states.
+
+        The first node of a swarm trusts no one until it commits a round. If it
+        misses its joiners' first rounds (frozen, busy, restarted before its
+        first commit), they go on without it, and it cannot follow them: a
+        stranger's claim must not move it, or a key minted against a fresh
+        swarm's founder would hand every later joiner (who follows the founder)
+        a made-up state. It keeps syncing at its own state (a joiner at it may
+        still come) rather than pause: pausing on strangers' claims would let
+        one key stop a founder's sync. The operator's fix is a ``--peer``.
+        """
+        if self.alone_warned:
+            return
+        answered = self._alive(ahead, self._cfg.ping_timeout_s) if self._alive is not None else set()
+        if not answered:
+            return
+        self.alone_warned = True
+        self._log(
+            logging.WARNING,
+            "this node trusts no peer yet (it was started without --peer and has committed no round) while %d "
+            "live peers report later states; it cannot join their history: restart it with --peer <a live peer>",
+            len(answered),
+        )
 
     def _moved_on(self, donor: str, got: Snapshot, target: CatchUp) -> bool:
         """Whether ``got`` is a trusted donor's later state than the target it was asked for.

@@ -451,6 +451,24 @@ def test_a_node_whose_every_trusted_peer_is_gone_pauses_rather_than_split_the_hi
     assert not orphaned(frozenset({"c"}), {"c", "x"})
 
 
+def test_a_founder_left_behind_says_so_once_and_neither_follows_nor_pauses() -> None:
+    """The first node of a swarm missed its joiners' first rounds: strangers' claims must not move it."""
+    own = torch.ones(10)
+    snap = Snapshot(0, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
+    lines: list[str] = []
+    alive: set[str] = set()
+    records = cast(SyncRecords, _Records({"x": _state("x", 9, H1), "y": _state("y", 9, H1)}))
+    say = lambda _level, msg, *args: lines.append(msg % args)  # noqa: E731
+    live = lambda peers, _timeout: alive & set(peers)  # noqa: E731
+    upper = CatchUpper("a", records, _unreachable, OuterSyncConfig(), frozenset(), say, alive=live)
+    assert upper.decide(snap).target is None  # two keys claiming revision 9 vouch nothing
+    assert not upper.orphaned(snap) and not upper.alone_warned  # the records outlived their signers: nothing said
+    alive.update({"x", "y"})
+    assert not upper.orphaned(snap) and not upper.orphaned(snap)  # one key must not pause a founder's sync
+    said = [line for line in lines if "trusts no peer" in line]
+    assert len(said) == 1 and "2 live peers" in said[0] and "--peer" in said[0], lines
+
+
 def test_a_newcomer_waits_for_its_bootstrap_peers_state_however_long_no_donor_serves_it() -> None:
     """A newcomer that gave up would sync at its own initial weights: a second history from revision 0."""
     own, zeros = torch.ones(10), torch.zeros(10)
