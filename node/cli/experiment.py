@@ -33,14 +33,16 @@ def add_experiment_parser(sub: Any) -> argparse.ArgumentParser:
             off = "--no-" + f.name.replace("_", "-")
             p.add_argument(off, dest=f.name, action="store_false", default=None, help=f"off: {helptext}")
         else:
-            kind = (
-                float
-                if f.name in ("lr", "outer_lr", "round_timeout", "min_generate")
-                else (str if f.name in ("out", "primary") else int)
-            )
+            kind = _kind(str(f.type))
             p.add_argument(flag, type=kind, default=None, help=f"{helptext} (default {_default(f.name)})")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
     return p
+
+
+def _kind(annotation: str) -> type:
+    """The flag's parser from the field's annotation ("float | None" -> float): one source of truth."""
+    kinds: dict[str, type] = {"float": float, "int": int, "str": str}
+    return kinds[annotation.split("|")[0].strip()]
 
 
 def _default(name: str) -> Any:

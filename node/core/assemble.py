@@ -70,7 +70,8 @@ def node_configs(opts: NodeOptions, host: str, port: int, peers: tuple[str, ...]
             sync_every=opts.sync_every or defaults.sync_every, sync_period_s=opts.sync_period,
             eager=not opts.sync_blocking, matchmaking_timeout_s=opts.sync_window,
             allreduce_timeout_s=opts.sync_timeout, compression=opts.sync_compression, outer_lr=opts.outer_lr,
-            aggregator=opts.sync_aggregator, direct_payloads=not opts.sync_stream_only,
+            outer_momentum=opts.outer_momentum, aggregator=opts.sync_aggregator,
+            direct_payloads=not opts.sync_stream_only,
         )  # fmt: skip
     membership = MembershipConfig(
         swarm_id=opts.swarm_id, host=host, port=port, announce=tuple(opts.announce), initial_peers=peers,

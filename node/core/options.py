@@ -200,6 +200,9 @@ class NodeOptions:
         inherit=True,
     )
     outer_lr: float = option(0.7, "outer Nesterov SGD learning rate", group=SYNC, inherit=True)
+    outer_momentum: float = option(
+        0.9, "outer SGD momentum (0 with --outer-lr 1: the outer step is plain averaging)", group=SYNC, inherit=True
+    )
     sync_aggregator: str = option(
         "centered_clip",
         "how a reducer combines the (norm-clipped) parts: centered_clip, median, trimmed_mean (robust to one "

@@ -15,6 +15,7 @@ from typing import Any
 from node.core.pool import SAMPLING_POLICIES
 from node.experiments.results import parse_split
 from node.training.offpolicy import OBJECTIVES
+from swarm.sync.config import AGGREGATORS
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,12 @@ class ExperimentConfig:
     )  # fmt: skip
     outer_lr: float | None = field(
         default=None, metadata={"help": "Outer learning rate of synced runs (default: the node's)."}
+    )
+    outer_momentum: float | None = field(
+        default=None, metadata={"help": "Outer momentum of synced runs (default: the node's)."}
+    )
+    sync_aggregator: str = field(
+        default="", metadata={"help": "Aggregator of synced runs' outer step (default: the node's)."}
     )
     warm_start: int = field(
         default=0,
@@ -119,6 +126,14 @@ class ExperimentConfig:
             (bool(self.sync_every) and min(self.sync_every) >= 0, "sync_every needs values >= 0, e.g. 0,10"),
             (len(set(self.sync_every)) == len(self.sync_every), "sync_every has duplicates; e.g. 0,10"),
             (self.outer_lr is None or 0 < self.outer_lr <= 10, f"outer_lr={self.outer_lr}; use a value in (0, 10]"),
+            (
+                self.outer_momentum is None or 0 <= self.outer_momentum < 1,
+                f"outer_momentum={self.outer_momentum}; use a value in [0, 1)",
+            ),
+            (
+                self.sync_aggregator in ("", *AGGREGATORS),
+                f"sync_aggregator={self.sync_aggregator!r}; use one of {', '.join(AGGREGATORS)}",
+            ),
             (0 <= self.warm_start <= 100_000, f"warm_start={self.warm_start}; use 0 (off) to 100000 steps"),
             (self.eval_every >= 0, f"eval_every={self.eval_every}; use 0 (off) or a number of rounds"),
             (1 <= self.eval_items <= 4096, f"eval_items={self.eval_items}; use 1-4096"),

@@ -140,6 +140,10 @@ def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path) -> list[str]:
     )  # fmt: skip
     if run.sync_every and cfg.outer_lr is not None:
         opts.outer_lr = cfg.outer_lr
+    if run.sync_every and cfg.outer_momentum is not None:
+        opts.outer_momentum = cfg.outer_momentum
+    if run.sync_every and cfg.sync_aggregator:
+        opts.sync_aggregator = cfg.sync_aggregator
     return [sys.executable, "-m", "node", "local", *to_argv(opts, only="changed")]
 
 

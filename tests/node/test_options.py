@@ -63,8 +63,10 @@ def test_default_options_give_the_components_own_defaults() -> None:
 def test_sync_options_feed_the_sync_config() -> None:
     _, parts = node_configs(NodeOptions(sync_every=5), "0.0.0.0", 0)
     assert parts.sync == dataclasses.replace(OuterSyncConfig(), sync_every=5)
-    _, parts = node_configs(NodeOptions(sync_every=5, sync_compression="int8", outer_lr=0.5), "0.0.0.0", 0)
-    assert parts.sync is not None and (parts.sync.compression, parts.sync.outer_lr) == ("int8", 0.5)
+    given = NodeOptions(sync_every=5, sync_compression="int8", outer_lr=0.5, outer_momentum=0.0)
+    _, parts = node_configs(given, "0.0.0.0", 0)
+    assert parts.sync is not None
+    assert (parts.sync.compression, parts.sync.outer_lr, parts.sync.outer_momentum) == ("int8", 0.5, 0.0)
     with pytest.raises(ValueError, match="sync-every"):
         node_configs(NodeOptions(sync_every=-1), "0.0.0.0", 0)
 
