@@ -1,5 +1,10 @@
 """The address book: peers this node has been connected to, kept next to its identity, for rejoining.
 
+Next to it, the port this identity last listened on (:func:`listen_port`). The
+multiaddr a node prints is what its operator hands to joiners and what peers'
+books keep; a restart on another free port would void both. So a node asked
+for any port (0) takes its previous one again when it is free.
+
 A joiner whose ``--peer``s are all gone (the bootstrap node crashed, a
 volunteer left) would otherwise be locked out of a swarm that still runs. The
 book holds the most recently seen peers (at most :data:`BOOK_PEERS`, a few
@@ -14,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,3 +115,41 @@ def save_book(path: Path, book: Sequence[BookEntry]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(data)
     tmp.replace(path)
+
+
+def port_path(identity_path: Path) -> Path:
+    """``<identity>.port``: the port this identity last listened on."""
+    return identity_path.with_name(identity_path.name + ".port")
+
+
+def listen_port(path: Path, host: str, asked: int) -> int:
+    """The port to listen on: ``asked``, or for 0 the one in ``path`` if it is free on ``host`` now (else 0)."""
+    if asked != 0:
+        return asked
+    try:
+        last = int(path.read_text(errors="replace")[:16].strip())
+    except (OSError, ValueError):
+        return 0
+    return last if 0 < last < 65536 and port_free(host, last) else 0
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a TCP listener can bind ``host:port`` now (SO_REUSEADDR, as the daemon binds)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def save_port(path: Path, maddrs: Sequence[str]) -> None:
+    """Remember the TCP port of the first of this node's listen addresses (nothing if none has one)."""
+    for addr in maddrs:
+        parts = str(addr).split("/")
+        if "tcp" in parts and parts.index("tcp") + 1 < len(parts) and parts[parts.index("tcp") + 1].isdigit():
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(parts[parts.index("tcp") + 1])
+            tmp.replace(path)
+            return

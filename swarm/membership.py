@@ -27,7 +27,17 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils.multiaddr import Multiaddr
 
-from swarm.addressbook import BookEntry, book_path, bootstrap_peers, load_book, merge, save_book
+from swarm.addressbook import (
+    BookEntry,
+    book_path,
+    bootstrap_peers,
+    listen_port,
+    load_book,
+    merge,
+    port_path,
+    save_book,
+    save_port,
+)
 from swarm.dht_storage import StorageBudget, StorageStats, install_budgets, storage_stats
 from swarm.errors import BootstrapFailed, PortInUse
 from swarm.identity import Identity
@@ -180,6 +190,7 @@ class Membership:
         self.dht: hivemind.DHT | None = None
         self.loop: LoopThread | None = None
         self._p2p: P2P | None = None
+        self._port = cfg.port
 
     @property
     def peer_id(self) -> str:
@@ -189,10 +200,12 @@ class Membership:
         """Start the DHT, retrying the bootstrap with exponential backoff (from the 2nd try through the book too)."""
         delay = self.cfg.bootstrap_backoff_s
         book = load_book(self.book_path) if self.cfg.address_book else []
+        remember = self.cfg.address_book and not self.cfg.announce  # an announced port is the NAT's, not ours
+        self._port = listen_port(self._port_path, self.cfg.host, self.cfg.port) if remember else self.cfg.port
         for attempt in range(1, self.cfg.bootstrap_attempts + 1):
             peers = bootstrap_peers(attempt, self.cfg.initial_peers, book)
             try:
-                dht = self._start_dht(peers)
+                dht = self._start_listening(peers)
                 self._install_budgets(dht)
                 self.dht = dht
                 break
@@ -219,6 +232,12 @@ class Membership:
         self.loop = LoopThread(f"swarm-loop-{self.peer_id[-6:]}")
         assert self.dht is not None
         self._p2p = self.loop.run(self.dht.replicate_p2p(), self.cfg.startup_timeout_s)
+        if remember:
+            try:
+                maddrs = self.loop.run(self._p2p.get_visible_maddrs(), self.cfg.startup_timeout_s)  # cached: no I/O
+                save_port(self._port_path, [str(m) for m in maddrs])
+            except (OSError, ValueError) as e:
+                logger.debug("listen port not remembered: %s", e)
         if self.cfg.address_book:
             asyncio.run_coroutine_threadsafe(self._keep_book(book), self.loop.loop)
         return self
@@ -226,6 +245,10 @@ class Membership:
     @property
     def book_path(self) -> Path:
         return book_path(self.identity.path)
+
+    @property
+    def _port_path(self) -> Path:
+        return port_path(self.identity.path)
 
     async def _keep_book(self, book: list[BookEntry]) -> None:
         """Add the peers connected now to the address book: soon after joining, then at most every N s.
@@ -245,10 +268,21 @@ class Membership:
             except (OSError, RuntimeError, TimeoutError, P2PDaemonError) as e:
                 logger.debug("address book not updated: %s", e)
 
-    def _start_dht(self, initial_peers: tuple[str, ...]) -> hivemind.DHT:
+    def _start_listening(self, peers: tuple[str, ...]) -> hivemind.DHT:
+        """Start the DHT on this start's port; a remembered port taken since its check falls back to the asked one."""
+        try:
+            return self._start_dht(peers, self._port)
+        except (P2PDaemonError, RuntimeError) as e:
+            if self._port == self.cfg.port or classify_start_error(str(e)) != "port":
+                raise
+        logger.info("[%s] port %d is taken now; listening on port %d", self.peer_id[-6:], self._port, self.cfg.port)
+        self._port = self.cfg.port
+        return self._start_dht(peers, self._port)
+
+    def _start_dht(self, initial_peers: tuple[str, ...], port: int) -> hivemind.DHT:
         share_memory_by_fd()
         kwargs: dict[str, Any] = {
-            "host_maddrs": [f"/ip4/{self.cfg.host}/tcp/{self.cfg.port}"],
+            "host_maddrs": [f"/ip4/{self.cfg.host}/tcp/{port}"],
             "identity_path": str(self.identity.path),
             # hivemind's "identity taken" probe crashes on Ed25519 keys (docs/ARCHITECTURE.md, "Ed25519 identity probe")
             "check_if_identity_free": False,

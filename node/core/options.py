@@ -232,7 +232,12 @@ class NodeOptions:
     dashboard_port: int | None = option(None, "serve the live dashboard on this port (0: any)", group=DASHBOARD)
     dashboard_host: str = option("127.0.0.1", "dashboard bind address (0.0.0.0: your network)", group=DASHBOARD)
     identity: str = option(DEFAULT_IDENTITY, "Ed25519 key file (created if missing)", group=NETWORK)
-    host_port: str | None = option(None, "listen address as PORT or HOST:PORT (default 0.0.0.0:0)", group=NETWORK)
+    host_port: str | None = option(
+        None,
+        "listen address as PORT or HOST:PORT; port 0 reuses this identity's last port if free, else any "
+        "(default 0.0.0.0:0)",
+        group=NETWORK,
+    )
     announce: tuple[str, ...] = option((), "multiaddr to announce (repeatable)", group=NETWORK)
     client_mode: bool = option(False, "accept no incoming connections (behind NAT)", group=NETWORK)
     no_relay: bool = option(False, "do not use libp2p circuit relays to reach peers", group=NETWORK)

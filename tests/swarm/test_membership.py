@@ -16,6 +16,7 @@ import pytest
 from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 
+from swarm.addressbook import listen_port, save_port
 from swarm.dht_storage import (
     KEY_OVERHEAD_BYTES,
     REGULAR,
@@ -77,6 +78,40 @@ def test_port_in_use_is_named(tmp_path: Path) -> None:
         m = Membership(load_or_create(tmp_path / "a.key"), cfg(port=port))
         with pytest.raises(PortInUse, match=f"port {port}"):
             m.start()
+
+
+@network
+def test_a_restarted_node_keeps_the_address_it_gave_out_and_falls_back_when_its_port_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`start` prints a multiaddr operators hand to joiners; a restart on another free port would void it."""
+    key = load_or_create(tmp_path / "a.key")
+    with Membership(key, cfg()) as a:
+        given = a.visible_multiaddrs()
+    with Membership(key, cfg()) as a:
+        assert a.visible_multiaddrs() == given
+        with Membership(load_or_create(tmp_path / "b.key"), cfg(initial_peers=tuple(given))) as b:
+            assert b.dht is not None  # joined through the address given out before the restart
+    port = int(given[0].split("/")[4])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        with Membership(key, cfg()) as a:  # the port is taken: any free one, no error
+            assert a.visible_multiaddrs() != given
+        monkeypatch.setattr("swarm.addressbook.port_free", lambda host, port: True)  # taken between check and bind
+        with Membership(key, cfg()) as a:
+            assert a.visible_multiaddrs() != given
+
+
+def test_the_remembered_port_is_read_with_bounds(tmp_path: Path) -> None:
+    path = tmp_path / "a.key.port"
+    assert listen_port(path, "127.0.0.1", 0) == 0  # nothing remembered
+    assert listen_port(path, "127.0.0.1", 4242) == 4242  # a port asked for is the port used
+    save_port(path, ["/ip4/127.0.0.1/tcp/4242/p2p/12D3KooWA"])
+    assert listen_port(path, "127.0.0.1", 0) == 4242
+    for junk in ("70000", "-1", "x" * 100, ""):
+        path.write_text(junk)
+        assert listen_port(path, "127.0.0.1", 0) == 0, junk
 
 
 def test_multiaddr_validation() -> None:
