@@ -280,56 +280,29 @@ def decide_catch_up(
 ) -> CatchUpDecision:
     """Whether this peer must download another state before its next sync, and which.
 
-    Only ``trusted`` peers (those this peer committed a round with, or was told
-    to join through: SECURITY.md, "Outer sync") vouch for a state; any number
-    of other keys claiming any revision count for nothing, so a key minted for
-    the purpose cannot move this peer. A state ahead of this peer's revision is
-    followed if more trusted peers report it, or report any state ahead, than
-    report this peer's own state; at the same revision another hash needs more than that plus this
-    peer itself (ties: the smaller hash). Among followable states the most
-    vouched wins, then the *lowest* revision: a peer never jumps further than
-    its trusted peers agree. Donors are every other peer reporting exactly
-    the target (the downloaded bytes are checked against the hash anyway).
-    A state a few revisions ahead is followed on one trusted voucher even
-    against more at this peer's state (:func:`_contested`), but ``contested``:
-    its shift must be no larger than this peer's own recent steps allow (see
-    :func:`check_contested_step`). With ``stay_alive``, only those trusted
-    peers at this peer's state count as staying (the others' records outlive
-    them: a dead partner says nothing). States in ``ignored`` (targets that
-    could not be downloaded or were refused) are passed over.
+    Only ``trusted`` peers (partners of a committed round, ``--peer``s: SECURITY.md, "Outer sync")
+    vouch (:func:`count_vouchers`), so keys minted to claim states move nothing. Which vouched
+    states may be followed against the trusted peers staying at this peer's state (only those in
+    ``stay_alive``, if given: a dead partner's record says nothing) is :func:`followable_states`.
+    The most vouched wins, then the *lowest* revision: a peer never jumps further than its trusted
+    peers agree. The target is ``contested`` when vouchers ahead do not outnumber those staying: its
+    shift is then bounded by this peer's own recent steps (:func:`check_contested_step`).
 
-    ``own_claim`` is a state this very peer published before it restarted from
-    an older checkpoint (its own signed record): it committed that state, so
-    syncing from an earlier one would fork its own history. It is followed
-    like a bootstrap peer's.
-
-    ``leaders`` (a node with no history yet passes its bootstrap peers) are
-    followed at the same revision too, whatever the hash order, while no
-    trusted peer shares this peer's state: a newcomer joins the swarm it was
-    pointed at. Otherwise two nodes started apart with different weights,
-    the first one trusting no one, would never agree on a revision 0.
+    ``leaders``' states at this revision are followed while nobody trusted stays: a newcomer joins the
+    swarm it was pointed at (two nodes started apart would never agree on a revision 0 otherwise).
+    ``own_claim``, a later state this peer signed before restarting from an older checkpoint, is
+    followed as its own: syncing from an earlier state would fork its own history. States in
+    ``ignored`` (unserved or refused targets) are passed over. Donors are every other peer
+    reporting the target; the bytes are checked against the hash anyway.
     """
     others = {p: r for p, r in state_records.items() if p != me and (r.revision, r.state_hash) not in ignored}
     mine = (my_revision, my_hash)
     staying = staying_peers(others, my_revision, my_hash, trusted)
     stay = len(staying if stay_alive is None else [p for p in staying if p in stay_alive])
-    vouchers: dict[tuple[int, str], int] = {}
-    for p, r in others.items():
-        state = (r.revision, r.state_hash)
-        if p in trusted and state != mine and r.revision >= my_revision:
-            vouchers[state] = vouchers.get(state, 0) + 1
+    claim = own_claim if own_claim is not None and own_claim[0] > my_revision and own_claim not in ignored else None
+    vouchers = count_vouchers(others, mine, trusted, claim)
     led = {(r.revision, r.state_hash) for p, r in others.items() if p in leaders and r.revision == my_revision}
-    if own_claim is not None and own_claim[0] > my_revision and own_claim not in ignored:
-        vouchers[own_claim] = vouchers.get(own_claim, 0) + 1
-    # trusted peers ahead agree this peer is behind even when a fast group's records name different
-    # revisions (one voucher each): together they outvote those still at this peer's state
-    ahead = sum(n for s, n in vouchers.items() if s[0] > my_revision)
-    followable = [
-        s
-        for s, n in vouchers.items()
-        if _beats(s, n, mine, stay) or (s in led and stay == 0) or (s[0] > my_revision and ahead > stay)
-    ]
-    followable += [own_claim] if own_claim in vouchers and own_claim not in followable else []
+    followable = followable_states(vouchers, mine, stay, led, claim)
     best = min(followable, key=lambda s: (-vouchers[s], s), default=None)
     refused = {
         p: CatchUpRefusal.OUTVOTED if p in trusted else CatchUpRefusal.UNVOUCHED
@@ -339,11 +312,64 @@ def decide_catch_up(
     if best is None:
         return CatchUpDecision(None, refused)
     donors = sorted(
-        (p for p, r in others.items() if (r.revision, r.state_hash) == best),
-        key=lambda p: (-others[p].created, p),
+        (p for p, r in others.items() if (r.revision, r.state_hash) == best), key=lambda p: (-others[p].created, p)
     )
-    contested = ahead <= stay and best[0] > my_revision
+    contested = _ahead(vouchers, mine) <= stay and best[0] > my_revision
     return CatchUpDecision(CatchUp(best[0], best[1], tuple(donors), contested), refused)
+
+
+State = tuple[int, str]
+"""(revision, state hash)."""
+
+
+def count_vouchers(
+    others: Mapping[str, StateRecord], mine: State, trusted: Collection[str], own_claim: State | None = None
+) -> dict[State, int]:
+    """Trusted peers reporting each state other than ``mine`` at its revision or later, plus this peer's own claim.
+
+    >>> r = lambda p, rev, h: StateRecord(p, "0" * 16, rev, h * 64, 1.0)
+    >>> v = count_vouchers({"b": r("b", 4, "a"), "c": r("c", 4, "a"), "x": r("x", 9, "b")}, (3, "c" * 64), {"b", "c"})
+    >>> [(rev, n) for (rev, _), n in v.items()]
+    [(4, 2)]
+    """
+    vouchers: dict[State, int] = {}
+    for p, r in others.items():
+        state = (r.revision, r.state_hash)
+        if p in trusted and state != mine and r.revision >= mine[0]:
+            vouchers[state] = vouchers.get(state, 0) + 1
+    if own_claim is not None:
+        vouchers[own_claim] = vouchers.get(own_claim, 0) + 1
+    return vouchers
+
+
+def _ahead(vouchers: Mapping[State, int], mine: State) -> int:
+    """Trusted vouchers for any state ahead of ``mine``: they agree this peer is behind, whichever revision."""
+    return sum(n for s, n in vouchers.items() if s[0] > mine[0])
+
+
+def followable_states(
+    vouchers: Mapping[State, int], mine: State, stay: int, led: Collection[State] = (), own_claim: State | None = None
+) -> list[State]:
+    """The vouched states this peer may move to, against ``stay`` trusted peers at its own state.
+
+    A state wins on its own vouchers (:func:`_beats`); a leader's state at this
+    peer's revision wins while nobody trusted stays; any state ahead wins when
+    all trusted vouchers ahead together outnumber those staying (a fast group's
+    records name different revisions); this peer's own earlier claim always.
+
+    >>> a, b = (4, "a" * 64), (5, "b" * 64)
+    >>> [r for r, _ in followable_states({a: 1, b: 1}, (3, "c" * 64), stay=1)]  # together, two ahead outvote one
+    [4, 5]
+    >>> followable_states({(30, "a" * 64): 1}, (3, "c" * 64), stay=2)  # one far claim against two staying
+    []
+    """
+    ahead = _ahead(vouchers, mine)
+    out = [
+        s
+        for s, n in vouchers.items()
+        if _beats(s, n, mine, stay) or (s in led and stay == 0) or (s[0] > mine[0] and ahead > stay)
+    ]
+    return out + ([own_claim] if own_claim is not None and own_claim in vouchers and own_claim not in out else [])
 
 
 def staying_peers(

@@ -19,7 +19,9 @@ from swarm.sync.decide import (
     MAX_CONTESTED_AHEAD,
     CatchUpRefusal,
     check_downloaded_state,
+    count_vouchers,
     decide_catch_up,
+    followable_states,
     peers_named_in,
 )
 from swarm.sync.dhtio import SyncRecords
@@ -32,6 +34,21 @@ FP, H0, H1, HX = "0123456789abcdef", "a" * 64, "b" * 64, "f" * 64
 
 def _state(peer: str, revision: int, h: str, created: float = 1.0) -> StateRecord:
     return StateRecord(peer, FP, revision, h, created)
+
+
+def test_only_trusted_peers_at_or_past_this_revision_vouch_and_an_own_claim_adds_one() -> None:
+    records = {"b": _state("b", 5, H1), "c": _state("c", 2, H1), "x": _state("x", 5, H1), "d": _state("d", 3, H0)}
+    assert count_vouchers(records, (3, H0), {"b", "c", "d"}) == {(5, H1): 1}  # c is behind, d at this state
+    assert count_vouchers(records, (3, H0), {"b"}, own_claim=(5, H1)) == {(5, H1): 2}
+
+
+def test_a_leaders_state_is_followed_only_while_nobody_trusted_stays_and_an_own_claim_always() -> None:
+    led = (3, H1)
+    assert followable_states({led: 1}, (3, H0), stay=0, led={led}) == [led]  # a newcomer joins its swarm
+    assert followable_states({led: 1}, (3, H0), stay=1, led={led}) == []  # a partner at this state outweighs it
+    far = (40, HX)  # this peer's own earlier signed state: followed against any number staying
+    assert followable_states({far: 1}, (3, H0), stay=5, own_claim=far) == [far]
+    assert followable_states({far: 1}, (3, H0), stay=5) == []  # the same claim by one trusted peer is not
 
 
 def _sybils(n: int, revision: int = 1_000_000) -> dict[str, StateRecord]:
