@@ -26,21 +26,11 @@ from node.tasks.registry import build_task, rollout_group
 from node.tasks.verify import TrainGroup
 from protocol import Descriptor, RolloutBatch, RolloutGroup
 from swarm.exchange import BatchRejection, CollectResult, Refusal
+from tests.fakes import FakeClock
 
 MAX = build_task("max")
 CHAIN = build_task("rg:chain_sum")
 A, B, C = "peer-aaaaaa", "peer-bbbbbb", "peer-cccccc"
-
-
-class SteppingClock:
-    """Monotonic time that advances ``step`` seconds on every read."""
-
-    def __init__(self, step: float) -> None:
-        self.now, self.step = 100.0, step
-
-    def __call__(self) -> float:
-        self.now += self.step
-        return self.now
 
 
 def acceptance(*families: TaskFamily) -> Acceptance:
@@ -75,7 +65,7 @@ def run(
     pool: ExternalPool[TrainGroup] = ExternalPool(256)
     seen: set[str] = set()
     res = result or CollectResult(list(batches), [], len(batches), 0.0)
-    out = ingest(res, pool, seen, accept or acceptance(), cfg or IngestConfig(), SteppingClock(step))
+    out = ingest(res, pool, seen, accept or acceptance(), cfg or IngestConfig(), FakeClock(now=100.0, step=step))
     return out, pool, seen
 
 

@@ -40,6 +40,7 @@ from protocol import Descriptor, RolloutBatch, RolloutGroup, short_id
 from swarm.exchange import BatchRejection, CollectResult, Refusal
 from swarm.identity import Identity, IdentityError, load_or_create
 from swarm.sync import OuterSyncConfig, SyncReport
+from tests.fakes import FakeClock
 
 T0 = 1_700_000_000.0
 TTL = 300.0  # ExchangeConfig().descriptor_ttl_s
@@ -47,16 +48,6 @@ MAX = build_task("max")
 
 
 # ---- fakes ---------------------------------------------------------------------------------
-
-
-class FakeClock:
-    """A wall clock that only moves when told to."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeExchange:

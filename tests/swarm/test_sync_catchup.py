@@ -28,6 +28,7 @@ from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.records import MAX_SKIP, StateRecord
 from swarm.sync.tensors import state_hash
+from tests.fakes import FakeClock
 
 FP, H0, H1, HX = "0123456789abcdef", "a" * 64, "b" * 64, "f" * 64
 
@@ -257,21 +258,11 @@ def test_a_contested_next_state_must_move_no_more_than_this_peers_own_steps_allo
 # ---- forks: a target that fails, and trust that survives a restart ---------------------------------
 
 
-class _Clock:
-    """Wall time that moves only when a test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _upper(
-    states: dict[str, StateRecord], fetch: object, trusted: frozenset[str], clock: _Clock | None = None
+    states: dict[str, StateRecord], fetch: object, trusted: frozenset[str], clock: FakeClock | None = None
 ) -> CatchUpper:
     records = cast(SyncRecords, _Records(states))
-    return CatchUpper("a", records, fetch, OuterSyncConfig(), trusted, _quiet, clock or _Clock())  # type: ignore[arg-type]
+    return CatchUpper("a", records, fetch, OuterSyncConfig(), trusted, _quiet, clock or FakeClock(1000.0))  # type: ignore[arg-type]
 
 
 def _unreachable(*_: object) -> Snapshot:
@@ -282,7 +273,7 @@ def test_a_target_no_donor_serves_is_retried_before_this_peer_syncs_at_its_own_s
     """Syncing at once at its own state while the target is real (its donor frozen) would fork the history."""
     own = torch.ones(10)
     snap = Snapshot(3, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
-    clock = _Clock()
+    clock = FakeClock(1000.0)
     upper = _upper({"b": _state("b", 4, H1)}, _unreachable, frozenset({"b"}), clock)
     for _ in range(3 * RETRIES):  # many rounds in a few seconds: the donor may be frozen for longer
         with pytest.raises(StateDownloadFailed) as err:
@@ -360,7 +351,7 @@ def test_a_group_skips_past_a_dead_branch_so_a_revision_names_one_state() -> Non
     own = torch.ones(10)
     snap = Snapshot(3, state_hash(own, torch.zeros(10)), own, torch.zeros(10))
     states = {"b": _state("b", 4, H1)}
-    clock = _Clock()
+    clock = FakeClock(1000.0)
     upper = _upper(states, _unreachable, frozenset({"b"}), clock)
     for _ in range(RETRIES):
         with pytest.raises(StateDownloadFailed):
