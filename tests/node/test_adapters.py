@@ -26,10 +26,10 @@ from node.training.grpo import GRPOConfig, GRPOTrainer
 from node.training.models import load_model
 from node.training.policy import GenerationConfig, Policy
 from protocol.schema import TaskRef
-from swarm.exchange import CollectResult
 from swarm.fingerprint import model_fingerprint
 from swarm.identity import Identity
 from swarm.sync.tensors import flatten, float_params
+from tests.fakes import FakeExchange
 
 LORA = AdapterConfig("lora", rank=4, alpha=8)
 REF = TaskRef.make("max", {"digits": 4}, 0, 0)
@@ -237,32 +237,8 @@ def test_a_target_the_model_lacks_is_an_error_naming_the_modules_it_has() -> Non
 # ---- a node ----------------------------------------------------------------------------------
 
 
-class NoPeers:
-    """An exchange with nobody on the other side."""
-
-    round = 0
-
-    def publish(self, batch: Any) -> object:
-        return None
-
-    def collect(self, since: float, limit: int) -> CollectResult:
-        return CollectResult([], [], 0, 0.0)
-
-    def stats(self) -> dict[str, int]:
-        return {}
-
-    def judge(self, publisher: str, *, accepted: int, informative: int, refused: int) -> None:
-        pass
-
-    def reputation_summary(self) -> dict[str, Any]:
-        return {}
-
-    def close(self) -> None:
-        pass
-
-
 def alone(identity: Identity, parts: NodeParts, model: torch.nn.Module, clock: Any) -> Links:
-    return Links(exchange=NoPeers())
+    return Links(exchange=FakeExchange())  # nobody on the other side
 
 
 def make_node(tmp_path: Path, name: str, seed: int, resume: bool = False) -> Node:

@@ -11,52 +11,7 @@ import pytest
 from node.core.network import CollectJob, NetworkWorker, wait_budget
 from protocol import RolloutBatch
 from swarm.exchange import CollectResult
-
-HOLD_S = 10.0  # a held step is released by the test; this bound only keeps a broken test from hanging
-
-
-class HeldExchange:
-    """Publishes and collects that block until the test releases them, recording what ran."""
-
-    def __init__(self) -> None:
-        self.release_collect = threading.Event()
-        self.release_publish = threading.Event()
-        self.release_publish.set()
-        self.in_collect = threading.Semaphore(0)
-        self.in_publish = threading.Semaphore(0)
-        self.published: list[int] = []
-        self.collected: list[CollectJob] = []
-        self.fail_publish = False
-        self.fail_collect = False
-        self.round = 0
-
-    def publish(self, batch: RolloutBatch) -> object:
-        self.in_publish.release()
-        self.release_publish.wait(HOLD_S)
-        if self.fail_publish:
-            raise ConnectionError("DHT gone")
-        self.published.append(batch.round)
-        return None
-
-    def collect(self, since: float, limit: int) -> CollectResult:
-        self.collected.append(CollectJob(since, limit))
-        self.in_collect.release()
-        self.release_collect.wait(HOLD_S)
-        if self.fail_collect:
-            raise RuntimeError("a bug")
-        return CollectResult([], [], seen=len(self.collected), elapsed_s=0.0)
-
-    def stats(self) -> dict[str, int]:
-        return {}
-
-    def judge(self, publisher: str, **_: Any) -> None:
-        pass
-
-    def reputation_summary(self) -> dict[str, Any]:
-        return {}
-
-    def close(self) -> None:
-        pass
+from tests.fakes import HOLD_S, FakeExchange
 
 
 def batch(round_: int) -> RolloutBatch:
@@ -64,12 +19,14 @@ def batch(round_: int) -> RolloutBatch:
 
 
 @pytest.fixture
-def held() -> HeldExchange:
-    return HeldExchange()
+def held() -> FakeExchange:
+    ex = FakeExchange()
+    ex.release_collect.clear()  # collects wait for the test
+    return ex
 
 
 @pytest.fixture
-def worker(held: HeldExchange) -> Any:
+def worker(held: FakeExchange) -> Any:
     w = NetworkWorker(held, max_pending=2)
     yield w
     held.release_collect.set()
@@ -77,13 +34,14 @@ def worker(held: HeldExchange) -> Any:
     assert w.close(HOLD_S)
 
 
-def inside_collect(ex: HeldExchange) -> None:
+def inside_collect(ex: FakeExchange) -> None:
     assert ex.in_collect.acquire(timeout=HOLD_S), "the worker never started a collect"
 
 
 def test_take_waits_at_most_its_bound_for_a_held_collect_and_a_later_take_gets_it(
-    held: HeldExchange, worker: NetworkWorker
+    held: FakeExchange, worker: NetworkWorker
 ) -> None:
+    held.queued.extend(CollectResult([], [], seen, 0.0) for seen in (1, 2))
     worker.request_collect(CollectJob(0.0, 8))
     inside_collect(held)
     t0 = time.monotonic()
@@ -95,11 +53,12 @@ def test_take_waits_at_most_its_bound_for_a_held_collect_and_a_later_take_gets_i
     assert first is not None and first.seen == 1
     second = worker.take(HOLD_S)  # the queued request ran once the first result was taken
     assert second is not None and second.seen == 2
-    assert [j.since for j in held.collected] == [0.0, 1.0]
+    assert [since for since, _ in held.collect_calls] == [0.0, 1.0]
 
 
-def test_a_quick_collect_is_taken_by_the_round_that_asked(held: HeldExchange, worker: NetworkWorker) -> None:
+def test_a_quick_collect_is_taken_by_the_round_that_asked(held: FakeExchange, worker: NetworkWorker) -> None:
     held.release_collect.set()
+    held.queued.append(CollectResult([], [], 1, 0.0))
     worker.request_collect(CollectJob(0.0, 8))
     result = worker.take(HOLD_S)
     assert result is not None and result.seen == 1
@@ -119,24 +78,10 @@ def test_wait_budget_is_the_bound_unless_recent_collects_say_it_cannot_land() ->
     assert wait_budget(now=5.0, started=5.0, recent_s=[0.01, 0.01, 9.0], wait_s=0.05) == 0.05  # one outlier
 
 
-class TimedExchange(HeldExchange):
-    """A held exchange whose collects each take ``collect_s`` on a fake clock."""
-
-    def __init__(self, collect_s: float) -> None:
-        super().__init__()
-        self.now = 0.0
-        self.collect_s = collect_s
-
-    def collect(self, since: float, limit: int) -> CollectResult:
-        result = super().collect(since, limit)
-        self.now += self.collect_s
-        return result
-
-
 @pytest.mark.parametrize("collect_s", [0.01, 1.0])
 def test_a_round_waits_only_for_a_collect_that_can_land_within_its_bound(collect_s: float) -> None:
-    ex = TimedExchange(collect_s)
-    w = NetworkWorker(ex, clock=lambda: ex.now)
+    ex = FakeExchange(collect_s)
+    w = NetworkWorker(ex, clock=ex.clock)
     try:
         ex.release_collect.set()
         for since in range(3):  # a history of collects that each took collect_s
@@ -159,7 +104,7 @@ def test_a_round_waits_only_for_a_collect_that_can_land_within_its_bound(collect
         assert w.close(HOLD_S)
 
 
-def test_a_held_publish_delays_neither_the_round_nor_the_collect(held: HeldExchange, worker: NetworkWorker) -> None:
+def test_a_held_publish_delays_neither_the_round_nor_the_collect(held: FakeExchange, worker: NetworkWorker) -> None:
     held.release_publish.clear()
     held.release_collect.set()
     worker.publish(batch(1))
@@ -169,7 +114,7 @@ def test_a_held_publish_delays_neither_the_round_nor_the_collect(held: HeldExcha
 
 
 def test_a_publisher_far_behind_publishes_the_freshest_batches_and_counts_the_dropped(
-    held: HeldExchange, worker: NetworkWorker
+    held: FakeExchange, worker: NetworkWorker
 ) -> None:
     held.release_publish.clear()
     worker.publish(batch(1))
@@ -178,11 +123,12 @@ def test_a_publisher_far_behind_publishes_the_freshest_batches_and_counts_the_dr
         worker.publish(batch(r))
     held.release_publish.set()
     assert worker.wait_idle(HOLD_S)
-    assert held.published == [1, 5, 6] and worker.dropped_batches == 3  # of 2-6 the newest two waited
+    rounds = [b.round for b in held.published]
+    assert rounds == [1, 5, 6] and worker.dropped_batches == 3  # of 2-6 the newest two waited
 
 
 def test_failures_are_logged_and_the_worker_goes_on(
-    held: HeldExchange, worker: NetworkWorker, caplog: pytest.LogCaptureFixture
+    held: FakeExchange, worker: NetworkWorker, caplog: pytest.LogCaptureFixture
 ) -> None:
     held.release_collect.set()
     held.fail_publish = held.fail_collect = True
@@ -194,11 +140,11 @@ def test_failures_are_logged_and_the_worker_goes_on(
     worker.publish(batch(2))
     worker.request_collect(CollectJob(1.0, 8))
     assert worker.take(HOLD_S) is not None
-    assert worker.wait_idle(HOLD_S) and held.published == [2]
+    assert worker.wait_idle(HOLD_S) and [b.round for b in held.published] == [2]
     assert "publish of round 1 failed" in caplog.text and "collect failed" in caplog.text
 
 
-def test_close_does_not_wait_past_its_timeout_for_a_stuck_step(held: HeldExchange) -> None:
+def test_close_does_not_wait_past_its_timeout_for_a_stuck_step(held: FakeExchange) -> None:
     w = NetworkWorker(held)
     w.request_collect(CollectJob(0.0, 8))
     inside_collect(held)
@@ -207,16 +153,16 @@ def test_close_does_not_wait_past_its_timeout_for_a_stuck_step(held: HeldExchang
     assert w.close(HOLD_S) is True
 
 
-def test_inline_publishes_then_collects_in_the_caller(held: HeldExchange) -> None:
+def test_inline_publishes_then_collects_in_the_caller(held: FakeExchange) -> None:
     held.release_collect.set()
     w = NetworkWorker(held, inline=True)
     w.request_collect(CollectJob(0.0, 8))
-    assert held.collected == []  # inline, the collect runs at take, after the publish
+    assert held.collect_calls == []  # inline, the collect runs at take, after the publish
     w.publish(batch(1))
     result = w.take(0.0)
-    assert result is not None and held.published == [1] and w.close(0.0)
+    assert result is not None and [b.round for b in held.published] == [1] and w.close(0.0)
 
 
-def test_max_pending_must_be_positive(held: HeldExchange) -> None:
+def test_max_pending_must_be_positive(held: FakeExchange) -> None:
     with pytest.raises(ValueError, match="use 1 or more"):
         NetworkWorker(held, max_pending=0)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,8 @@ from node.training.policy import GenerationConfig
 from protocol import Descriptor, RolloutBatch, RolloutGroup, short_id
 from swarm.exchange import BatchRejection, CollectResult, Refusal
 from swarm.identity import Identity, IdentityError, load_or_create
-from swarm.sync import OuterSyncConfig, SyncReport
-from tests.fakes import FakeClock
+from swarm.sync import OuterSyncConfig
+from tests.fakes import FakeClock, FakeExchange, FakeSync
 
 T0 = 1_700_000_000.0
 TTL = 300.0  # ExchangeConfig().descriptor_ttl_s
@@ -48,73 +47,6 @@ MAX = build_task("max")
 
 
 # ---- fakes ---------------------------------------------------------------------------------
-
-
-class FakeExchange:
-    """An in-process :class:`~node.core.links.Exchange`: records publishes and judgements, replays queued collects."""
-
-    def __init__(self) -> None:
-        self.round = 0
-        self.published: list[RolloutBatch] = []
-        self.queued: deque[CollectResult] = deque()
-        self.collect_calls: list[tuple[float, int]] = []
-        self.on_collect: Callable[[], None] | None = None
-        self.closed = 0
-        self.traffic = {"bytes_in": 1234, "bytes_out": 567}
-        self.judged: list[tuple[str, int, int, int]] = []  # (publisher, accepted, informative, refused)
-        self.banned = 0
-
-    def publish(self, batch: RolloutBatch) -> object:
-        self.published.append(batch)
-        return None
-
-    def collect(self, since: float, limit: int) -> CollectResult:
-        self.collect_calls.append((since, limit))
-        if self.on_collect is not None:
-            self.on_collect()
-        return self.queued.popleft() if self.queued else CollectResult([], [], 0, 0.0)
-
-    def stats(self) -> dict[str, int]:
-        return dict(self.traffic)
-
-    def judge(self, publisher: str, *, accepted: int, informative: int, refused: int) -> None:
-        self.judged.append((publisher, accepted, informative, refused))
-
-    def reputation_summary(self) -> dict[str, Any]:
-        tracked = len({j[0] for j in self.judged})
-        return {"tracked": tracked, "banned": self.banned, "bans_by_reason": {"refused content": self.banned}}
-
-    def close(self) -> None:
-        self.closed += 1
-
-
-class FakeSync:
-    """An in-process :class:`~node.core.links.Sync` that never syncs but records calls."""
-
-    def __init__(self) -> None:
-        self.calls: list[int] = []
-        self.closed = 0
-        self.busy = False
-        self.cancelled = False
-
-    def maybe_sync(self, inner_step: int) -> SyncReport | None:
-        self.calls.append(inner_step)
-        return None
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    def finish(self, timeout_s: float) -> SyncReport | None:
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"revision": 0}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed += 1
 
 
 @dataclasses.dataclass
