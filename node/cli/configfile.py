@@ -165,5 +165,6 @@ def render_default_config(parser: argparse.ArgumentParser) -> str:
                 seen.add(key)
                 example = _example(action)
                 shown = f"# {key} = {example}" if example is not None else f"# {key}: unset by default"
-                lines += [f"# {action.help}{_other_defaults(parser, command, key, example)}", shown]
+                one_of = f" (one of: {', '.join(map(str, action.choices))})" if action.choices else ""
+                lines += [f"# {action.help}{one_of}{_other_defaults(parser, command, key, example)}", shown]
     return "\n".join(lines) + "\n"

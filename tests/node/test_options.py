@@ -140,6 +140,7 @@ def test_init_file_lists_every_visible_option_once() -> None:
         for key in file_options(subcommand_parser(parser, command)):
             assert text.count(f"# {key} = ") + text.count(f"# {key}: unset by default") == 1, key
     assert "ready-file" not in text and "go-file" not in text and "hold" not in text
+    assert "(one of: none, fp16, int8)" in text  # a key with choices lists them where it is written
 
 
 def test_choices_are_the_components_own_and_help_shows_them_with_the_default() -> None:
