@@ -320,6 +320,11 @@ def _flag_words(f: Any, value: Any) -> list[str]:
     return [flag, str(value)]
 
 
+def choices_of(cls: type[NodeOptions], name: str) -> tuple[str, ...]:
+    """The values option ``name`` takes (empty: any), without importing the component that defines them."""
+    return tuple(next(f for f in fields(cls) if f.name == name).metadata["choices"])
+
+
 def default_of(cls: type[NodeOptions], name: str) -> Any:
     """The default of option ``name`` in ``cls``."""
     for f in fields(cls):

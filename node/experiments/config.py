@@ -12,10 +12,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from node.core.options import NodeOptions, choices_of
 from node.core.pool import SAMPLING_POLICIES
 from node.experiments.results import parse_split
 from node.training.offpolicy import OBJECTIVES
-from swarm.sync.config import AGGREGATORS
+
+AGGREGATORS = choices_of(NodeOptions, "sync_aggregator")  # no swarm import: the CLI reads this before torch
 
 logger = logging.getLogger(__name__)
 
