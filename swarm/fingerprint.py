@@ -40,3 +40,17 @@ def model_fingerprint(module: torch.nn.Module) -> str:
     if identity is not None:
         h.update(f"identity|{identity}\n".encode())
     return h.hexdigest()[:16]
+
+
+def sync_fingerprint(model: str, rule: str) -> str:
+    """The outer sync's namespace: 16 hex chars of sha256 over a model fingerprint and an outer rule.
+
+    Peers sync together only if both agree: the architecture (:func:`model_fingerprint`) and how a
+    round turns parts into a state (:meth:`swarm.sync.config.OuterSyncConfig.rule`).
+
+    >>> sync_fingerprint("0" * 16, "outer_lr=0.7") == sync_fingerprint("0" * 16, "outer_lr=0.7")
+    True
+    >>> sync_fingerprint("0" * 16, "outer_lr=0.7") != sync_fingerprint("0" * 16, "outer_lr=1.0")
+    True
+    """
+    return hashlib.sha256(f"{model}|{rule}".encode()).hexdigest()[:16]

@@ -62,6 +62,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--linger", type=float, default=30.0, help="keep serving state this long after training")
     p.add_argument("--fault", action="append", default=[], help="PHASE:REVISION:ACTION (stop|drop)")
     p.add_argument("--aggregator", default="mean")
+    p.add_argument("--outer-lr", type=float, default=0.7, help="outer_lr")
     p.add_argument(
         "--poison", default="", choices=["", "huge", "noise", "liar", "veto", "flip"], help="be a hostile member"
     )
@@ -108,6 +109,7 @@ def _sync_config(args: argparse.Namespace, cls: Any) -> Any:
         state_timeout_s=s_s,
         poll_s=0.05,
         aggregator=args.aggregator,
+        outer_lr=args.outer_lr,
         ping_timeout_s=args.ping_timeout,
         max_group_size=args.max_group,
         max_weight_ratio=args.max_weight_ratio,
@@ -328,7 +330,7 @@ def main(argv: list[str]) -> int:
 
     from swarm.identity import load_or_create
     from swarm.membership import Membership, MembershipConfig
-    from swarm.sync import OuterSync, OuterSyncConfig, model_fingerprint
+    from swarm.sync import OuterSync, OuterSyncConfig
     from tests.procs import Reporter
 
     args = _parse(argv)
@@ -358,7 +360,7 @@ def main(argv: list[str]) -> int:
         event="ready",
         peer=membership.peer_id,
         maddrs=membership.visible_multiaddrs(),
-        fingerprint=model_fingerprint(model),
+        fingerprint=sync.fingerprint,  # the sync namespace: the model's fingerprint and the outer rule
         revision=sync.revision,
         state_hash=sync.state_hash,
         bound_s=cfg.max_sync_seconds(),

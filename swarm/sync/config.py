@@ -15,6 +15,13 @@ COMPRESSIONS = ("none", "fp16", "int8")
 AGGREGATORS = ("mean", "trimmed_mean", "median", "centered_clip")
 
 
+RULE_FIELDS = (
+    "outer_lr", "outer_momentum", "nesterov", "aggregator", "trim_fraction", "clip_factor", "max_weight_ratio",
+    "max_update",
+)  # fmt: skip
+"""The settings that decide a round's new state from its members' parts (see :meth:`OuterSyncConfig.rule`)."""
+
+
 class SyncOutcome(StrEnum):
     """How one sync ended: the ``sync`` event's ``reason`` (details go to the log only)."""
 
@@ -229,6 +236,16 @@ class OuterSyncConfig:
             raise ValueError(f"min_group_size={self.min_group_size}; use at least 2 (yourself and a peer)")
         if self.max_group_size < self.min_group_size:
             raise ValueError(f"max_group_size={self.max_group_size} < min_group_size={self.min_group_size}; raise it")
+
+    def rule(self) -> str:
+        """The settings every member of a group must share to compute one new state from one average.
+
+        Members whose outer step or aggregation differ would each commit a different state and their
+        digests could never agree, so every round they met in would abort; the sync namespace
+        carries this rule (:func:`swarm.fingerprint.sync_fingerprint`) and they never meet. The wire
+        encoding is in the join key already.
+        """
+        return ",".join(f"{name}={getattr(self, name)!r}" for name in RULE_FIELDS)
 
     def max_sync_seconds(self) -> float:
         """Upper bound on one ``sync_now`` (catch-up included); see :mod:`swarm.sync.outer`."""

@@ -68,7 +68,7 @@ from typing import Any
 
 import torch
 
-from swarm.fingerprint import model_fingerprint
+from swarm.fingerprint import model_fingerprint, sync_fingerprint
 from swarm.membership import Membership
 from swarm.sync.allreduce import Hook, RoundPlan, Snapshot, SyncService
 from swarm.sync.assemble import Assembled, assemble, next_state
@@ -111,7 +111,7 @@ class OuterSync:
     ) -> None:
         self.cfg, self.module, self._clock, self._hook = cfg, module, clock, hook
         self.peer_id = membership.peer_id
-        self.fingerprint = model_fingerprint(module)
+        self.fingerprint = sync_fingerprint(model_fingerprint(module), cfg.rule())
         self._membership = membership
         anchor = flatten(module)
         momentum = torch.zeros_like(anchor)

@@ -136,8 +136,12 @@ def test_late_joiner_catches_up(fault_swarm: FaultSwarm) -> None:
     _assert_within_bound(peers)
 
 
-def test_two_architectures_form_two_groups(fault_swarm: FaultSwarm) -> None:
+@pytest.mark.parametrize("differ", ["architecture", "outer rule"])
+def test_two_architectures_form_two_groups(fault_swarm: FaultSwarm, differ: str) -> None:
+    """Peers whose models differ, or whose outer steps would turn one average into different states, never meet."""
     wide, narrow = ("--steps", "8", "--arch", "32,32,8"), ("--steps", "8", "--arch", "16,24,8")
+    if differ == "outer rule":
+        narrow = ("--steps", "8", "--outer-lr", "1.0")  # the same model as `wide`
     peers = fault_swarm.start_many({"w1": wide, "w2": wide, "n1": narrow, "n2": narrow})
     fault_swarm.go()
     finals = {p.name: final_state(p, 60.0) for p in peers}

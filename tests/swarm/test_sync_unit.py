@@ -14,7 +14,7 @@ import torch
 from protocol import SigningKey
 from protocol.errors import MessageRejected
 from protocol.signing import seal
-from swarm.fingerprint import model_fingerprint
+from swarm.fingerprint import model_fingerprint, sync_fingerprint
 from swarm.memo import ContentMemo
 from swarm.sync import (
     AbortCause,
@@ -287,6 +287,14 @@ def test_model_fingerprint_follows_names_shapes_and_dtypes() -> None:
     assert model_fingerprint(net(8)) == model_fingerprint(net(8))
     assert model_fingerprint(net(8)) != model_fingerprint(net(9))
     assert model_fingerprint(net(8)) != model_fingerprint(net(8, torch.bfloat16))
+
+
+def test_the_sync_namespace_follows_the_outer_rule_and_nothing_else() -> None:
+    fp = "0123456789abcdef"
+    default = sync_fingerprint(fp, OuterSyncConfig().rule())
+    assert default == sync_fingerprint(fp, OuterSyncConfig(allreduce_timeout_s=9.0, sync_every=3).rule())
+    for change in ({"outer_lr": 1.0}, {"outer_momentum": 0.0}, {"aggregator": "median"}, {"nesterov": False}):
+        assert sync_fingerprint(fp, OuterSyncConfig(**change).rule()) != default, change
 
 
 # ---- config and report -------------------------------------------------------------------------
