@@ -16,6 +16,7 @@ cannot be read is ignored (it only ever helps). Bootstrap tries the given
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -127,7 +128,8 @@ def listen_port(path: Path, host: str, asked: int) -> int:
     if asked != 0:
         return asked
     try:
-        last = int(path.read_text(errors="replace")[:16].strip())
+        with open(path, "rb") as f:
+            last = int(f.read(16).strip())
     except (OSError, ValueError):
         return 0
     return last if 0 < last < 65536 and port_free(host, last) else 0
@@ -146,10 +148,8 @@ def port_free(host: str, port: int) -> bool:
 
 def save_port(path: Path, maddrs: Sequence[str]) -> None:
     """Remember the TCP port of the first of this node's listen addresses (nothing if none has one)."""
-    for addr in maddrs:
-        parts = str(addr).split("/")
-        if "tcp" in parts and parts.index("tcp") + 1 < len(parts) and parts[parts.index("tcp") + 1].isdigit():
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(parts[parts.index("tcp") + 1])
-            tmp.replace(path)
-            return
+    ports = [p for a in maddrs for kind, p in itertools.pairwise(str(a).split("/")) if kind == "tcp" and p.isdigit()]
+    if ports:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(ports[0])
+        tmp.replace(path)
