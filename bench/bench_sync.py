@@ -1,4 +1,4 @@
-"""Outer-sync benchmark: our all-reduce beside hivemind's and beside a raw TCP mesh, 4 peers on 127.0.0.1.
+"""Outer-sync benchmark: our all-reduce beside hivemind's and beside a raw TCP mesh, 4 peers on a link.
 
 For each model size (``--sizes``, millions of float32 parameters: one
 ``nn.Linear(w, w)``, w = int(sqrt(M * 1e6))) and each encoding (none, fp16,
@@ -33,10 +33,21 @@ tensors); ``/mdl`` divides by the model's float32 size ``mdl_MB``. ``+ours`` is
 our peak RSS minus the worker's RSS with everything imported and no model yet:
 the model, the sync's state (anchor, momentum) and every round's buffers.
 
+Links (``--links``): ``lo`` runs the 4 peers on 127.0.0.1, where bytes are
+nearly free; a rate such as ``100`` or ``1000`` (Mbit/s) puts each peer in its
+own network namespace behind a veth shaped to that rate each way
+(bench/links.py: needs root; without it the bench says so and runs ``lo``
+only); ``veth`` is the same namespaces unshaped. On a shaped link
+``floor_s`` is the time a peer's ``MB/peer`` takes at the rate (upload and
+download run in parallel, so one of them), and ``ar/flr``, ``hm/flr`` and
+``msh/flr`` are each part's time over it. ``t/bytes`` is an encoding's
+``ar_s`` over the uncompressed one's, divided by its bytes over theirs: 1.0
+when time is proportional to bytes.
+
 Usage::
 
     .venv/bin/python bench/bench_sync.py --sizes 1,10,50 --rounds-per 2 [--only ours,hivemind,mesh] [--keep DIR]
-        [--aggregator RULE]
+        [--aggregator RULE] [--links lo,1000,100]
 
 ``--keep DIR`` leaves every peer's JSON-lines report and log in DIR (a new folder).
 """
@@ -60,6 +71,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run as a script: tests/ is importable from the repository root
 
+from bench import links as netlinks  # noqa: E402
 from bench.peer_common import ENCODINGS  # noqa: E402
 from swarm.identity import load_or_create  # noqa: E402
 from swarm.sync import OuterSyncConfig  # noqa: E402
@@ -79,10 +91,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ours(width: int, rounds_per: int, root: Path, timeout_s: float, aggregator: str) -> Records:
+class Net:
+    """Where the peers run: all on 127.0.0.1 (``links`` None), or each in its namespace of ``links``."""
+
+    def __init__(self, links: netlinks.Links | None) -> None:
+        self.links = links
+
+    def host(self, i: int) -> str:
+        return self.links.host(i) if self.links else "127.0.0.1"
+
+    def cmd(self, i: int, cmd: list[str]) -> list[str]:
+        return [*self.links.prefix(i), *cmd] if self.links else cmd
+
+
+def run_ours(width: int, rounds_per: int, root: Path, timeout_s: float, aggregator: str, net: Net) -> Records:
     """Run 4 sync peers with a width x width (+ bias) Linear model; return all their records."""
     port = _free_port()
-    boot = f"/ip4/127.0.0.1/tcp/{port}/p2p/{load_or_create(root / 'p0.key').peer_id}"
+    boot = f"/ip4/{net.host(0)}/tcp/{port}/p2p/{load_or_create(root / 'p0.key').peer_id}"
     n_syncs = rounds_per * len(ENCODINGS)
     procs = Procs(root)  # each peer in its own session, logs in root/pI.log; all reaped below
     try:
@@ -94,7 +119,7 @@ def run_ours(width: int, rounds_per: int, root: Path, timeout_s: float, aggregat
             cmd += ["--compression", ",".join(ENCODINGS), "--rounds-per", str(rounds_per)]
             cmd += ["--timeouts", "1.0,120,15,5,60,15", "--aggregator", aggregator]
             cmd += ["--port", str(port)] if i == 0 else ["--initial-peer", boot]
-            procs.start(f"p{i}", cmd)
+            procs.start(f"p{i}", net.cmd(i, [*cmd, "--host", net.host(i)]))
         _wait_ready(procs, timeout_s)
         (root / "go").touch()
         _wait_done(procs, timeout_s)  # finished peers linger 5 s, then exit
@@ -104,35 +129,35 @@ def run_ours(width: int, rounds_per: int, root: Path, timeout_s: float, aggregat
     return _all_records(root)
 
 
-def run_hivemind(width: int, rounds_per: int, root: Path, timeout_s: float) -> Records:
+def run_hivemind(width: int, rounds_per: int, root: Path, timeout_s: float, net: Net) -> Records:
     """Run 4 hivemind averager peers (the first one bootstraps the others' DHTs); return their records."""
     procs = Procs(root)
     try:
-        procs.start("p0", _hm_cmd(0, width, rounds_per, root, []))
+        procs.start("p0", net.cmd(0, _hm_cmd(0, width, rounds_per, root, [], net.host(0))))
         ready = wait_for(lambda: _first(root / "p0.jsonl", "ready"), timeout_s, "p0 ready", watch=procs.groups)
         for i in range(1, PEERS):
-            procs.start(f"p{i}", _hm_cmd(i, width, rounds_per, root, ready["maddrs"]))
+            procs.start(f"p{i}", net.cmd(i, _hm_cmd(i, width, rounds_per, root, ready["maddrs"], net.host(i))))
         _wait_done(procs, timeout_s)
     finally:
         procs.reap(settle=20.0, grace=2.0)
     return _all_records(root)
 
 
-def _hm_cmd(rank: int, width: int, rounds_per: int, root: Path, boot: list[str]) -> list[str]:
-    cmd = [PYTHON, str(HM_WORKER), "--rank", str(rank), "--peers", str(PEERS), "--width", str(width)]
+def _hm_cmd(rank: int, width: int, rounds_per: int, root: Path, boot: list[str], host: str) -> list[str]:
+    cmd = [PYTHON, str(HM_WORKER), "--rank", str(rank), "--peers", str(PEERS), "--width", str(width), "--host", host]
     cmd += ["--seed", str(rank + 1), "--rounds-per", str(rounds_per), "--encodings", ",".join(ENCODINGS)]
     cmd += ["--report", str(root / f"p{rank}.jsonl"), "--barrier-dir", str(root)]
     return cmd + [arg for maddr in boot for arg in ("--initial-peer", maddr)]
 
 
-def run_mesh(numel: int, rounds_per: int, root: Path, timeout_s: float) -> Records:
+def run_mesh(numel: int, rounds_per: int, root: Path, timeout_s: float, net: Net) -> Records:
     """Run the 4-peer raw TCP mesh; return its records."""
     procs = Procs(root)
     try:
         for i in range(PEERS):
             cmd = [PYTHON, str(MESH_WORKER), "--rank", str(i), "--peers", str(PEERS), "--numel", str(numel)]
             cmd += ["--rounds-per", str(rounds_per), "--encodings", ",".join(ENCODINGS), "--dir", str(root)]
-            procs.start(f"p{i}", [*cmd, "--report", str(root / f"p{i}.jsonl")])
+            procs.start(f"p{i}", net.cmd(i, [*cmd, "--report", str(root / f"p{i}.jsonl"), "--host", net.host(i)]))
         _wait_done(procs, timeout_s)
     finally:
         procs.reap(settle=10.0, grace=2.0)
@@ -285,29 +310,58 @@ def _run_part(name: str, run: Callable[[], Records]) -> Records:
     return records
 
 
-def run_size(millions: float, args: argparse.Namespace, parts: set[str], tmp: Path) -> list[dict[str, Any]]:
-    """Every selected part at one size; one merged row per encoding."""
+def run_size(
+    millions: float, args: argparse.Namespace, parts: set[str], tmp: Path, link: str, net: Net
+) -> list[dict[str, Any]]:
+    """Every selected part at one size over one kind of link; one merged row per encoding."""
     width = int((millions * 1e6) ** 0.5)
     params = width * width + width
-    base: dict[str, dict[str, Any]] = {enc: {"params": params, "enc": enc} for enc in ENCODINGS}
+    base: dict[str, dict[str, Any]] = {enc: {"link": link, "params": params, "enc": enc} for enc in ENCODINGS}
     runs: dict[str, tuple[Callable[[Path], Records], Callable[[Records, int, int], dict[str, dict[str, Any]]]]] = {
-        "ours": (lambda root: run_ours(width, args.rounds_per, root, args.timeout, args.aggregator), summarize_ours),
-        "hivemind": (lambda root: run_hivemind(width, args.rounds_per, root, args.timeout), summarize_hivemind),
-        "mesh": (lambda root: run_mesh(params, args.rounds_per, root, args.timeout), summarize_mesh),
+        "ours": (
+            lambda root: run_ours(width, args.rounds_per, root, args.timeout, args.aggregator, net),
+            summarize_ours,
+        ),
+        "hivemind": (lambda root: run_hivemind(width, args.rounds_per, root, args.timeout, net), summarize_hivemind),
+        "mesh": (lambda root: run_mesh(params, args.rounds_per, root, args.timeout, net), summarize_mesh),
     }
     for part in (p for p in PARTS if p in parts):
         run, summarize = runs[part]
-        root = tmp / f"m{millions:g}" / part
+        root = tmp / link / f"m{millions:g}" / part
         root.mkdir(parents=True)
-        records = _run_part(f"{params / 1e6:.1f}M {part}", functools.partial(run, root))
+        records = _run_part(f"{link} {params / 1e6:.1f}M {part}", functools.partial(run, root))
         for enc, row in summarize(records, params, args.warmup).items():
             base[enc].update(row)
-    return [_ratios(row) for row in base.values()]
+    rows = [_ratios(row, _rate_mbit(link)) for row in base.values()]
+    return _proportions(rows)
 
 
-def _ratios(row: dict[str, Any]) -> dict[str, Any]:
+def _rate_mbit(link: str) -> float | None:
+    """The link's rate in Mbit/s; None for loopback and for unshaped veths."""
+    return None if link in ("lo", "veth") else float(link)
+
+
+def _proportions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each encoding's time over the uncompressed one's, divided by its bytes over theirs: 1.0 is proportional."""
+    plain = next((r for r in rows if r["enc"] == "none"), {})
+    for row in rows:
+        if row.get("ar_s") and plain.get("ar_s") and row.get("mb_peer") and plain.get("mb_peer"):
+            row["t_per_b"] = (row["ar_s"] / plain["ar_s"]) / (row["mb_peer"] / plain["mb_peer"])
+    return rows
+
+
+def _ratios(row: dict[str, Any], rate_mbit: float | None) -> dict[str, Any]:
     ar, model_mb = row.get("ar_s"), row["params"] * 4 / 1e6
     row["model_mb"] = model_mb
+    if rate_mbit is not None and row.get("mb_peer"):
+        # a peer's upload and download each carry its bytes_sent at the rate, in parallel: the floor is one of them
+        row["floor_s"] = row["mb_peer"] * 8 / rate_mbit
+        if ar is not None:
+            row["ar_floor"] = ar / row["floor_s"]
+        if row.get("hm_s"):
+            row["hm_floor"] = row["hm_s"] / row["floor_s"]
+        if row.get("mesh_s"):
+            row["mesh_floor"] = row["mesh_s"] / row["floor_s"]
     if ar is not None and row.get("hm_s"):
         row["ar_hm"] = ar / row["hm_s"]
     if ar is not None and row.get("mesh_s"):
@@ -322,6 +376,7 @@ def _ratios(row: dict[str, Any]) -> dict[str, Any]:
 
 # (header, row key, width, format): one table, "-" where a part did not run or had no good round
 COLUMNS = [
+    ("link", "link", 5, ""),
     ("params", "params", 8, ""),
     ("enc", "enc", 5, ""),
     ("ok", "ok", 5, ""),
@@ -333,6 +388,11 @@ COLUMNS = [
     ("mesh_s", "mesh_s", 7, ".4f"),
     ("ar/hm", "ar_hm", 6, ".2f"),
     ("ar/mesh", "ar_mesh", 7, ".1f"),
+    ("floor_s", "floor_s", 7, ".2f"),
+    ("ar/flr", "ar_floor", 6, ".2f"),
+    ("hm/flr", "hm_floor", 6, ".2f"),
+    ("msh/flr", "mesh_floor", 7, ".2f"),
+    ("t/bytes", "t_per_b", 7, ".2f"),
     ("MB/peer", "mb_peer", 8, ".1f"),
     ("MBmesh", "mesh_mb", 7, ".1f"),
     ("mdl_MB", "model_mb", 7, ".1f"),
@@ -378,7 +438,13 @@ def main() -> int:
     parser.add_argument(
         "--aggregator", default=OuterSyncConfig().aggregator, help="our reducers' rule (default: the node's default)"
     )
+    parser.add_argument(
+        "--links",
+        default="lo",
+        help="comma list of links: lo (127.0.0.1), veth (namespaces, unshaped) or a rate in Mbit/s (e.g. 100,1000)",
+    )
     args = parser.parse_args()
+    links = _parse_links(parser, args.links)
     parts = set(args.only.split(","))
     if not parts <= set(PARTS):
         parser.error(f"--only takes parts among {','.join(PARTS)}, not {','.join(sorted(parts - set(PARTS)))}")
@@ -388,13 +454,43 @@ def main() -> int:
         )
     if args.keep and Path(args.keep).exists() and any(Path(args.keep).iterdir()):
         parser.error("--keep needs a new or empty folder: old port and barrier files would mislead the peers")
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:
         work = Path(args.keep or tmp)
-        for millions in (float(s) for s in args.sizes.split(",")):
-            rows += run_size(millions, args, parts, work)
-    print_table(rows)
+        for link in links:
+            rows += run_link(link, args, parts, work)
+            print_table(rows)  # so far: a long run shows each link's results as they come
     return 0
+
+
+def _parse_links(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The links to run, loopback only (said once) where namespaces cannot be made."""
+    links = [x.strip() for x in text.split(",") if x.strip()]
+    for link in links:
+        if link not in ("lo", "veth"):
+            try:
+                if not float(link) > 0:
+                    raise ValueError(link)
+            except ValueError:
+                parser.error(f"--links {link}: use lo, veth or a positive rate in Mbit/s, e.g. --links lo,1000,100")
+    why = netlinks.unavailable() if any(x != "lo" for x in links) else None
+    if why:
+        print(f"# {why}", file=sys.stderr, flush=True)
+        return ["lo"]
+    return links
+
+
+def run_link(link: str, args: argparse.Namespace, parts: set[str], work: Path) -> list[dict[str, Any]]:
+    """Every size over one link; the namespaces (if any) live exactly as long as the link's runs."""
+    rows: list[dict[str, Any]] = []
+    if link == "lo":
+        for millions in (float(s) for s in args.sizes.split(",")):
+            rows += run_size(millions, args, parts, work, link, Net(None))
+        return rows
+    with netlinks.Links(PEERS, _rate_mbit(link)) as made:
+        for millions in (float(s) for s in args.sizes.split(",")):
+            rows += run_size(millions, args, parts, work, link, Net(made))
+    return rows
 
 
 if __name__ == "__main__":

@@ -215,7 +215,7 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)  # as tests/sync_worker.py: 4 peers share the machine's cores
     out = Reporter(args.report)
     patched = False if args.stock_int8 else fix_int8_extract()
-    dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=args.initial_peer)
+    dht = hivemind.DHT(start=True, host_maddrs=[f"/ip4/{args.host}/tcp/0"], initial_peers=args.initial_peer)
     maddrs = [str(m) for m in dht.get_visible_maddrs()]
     tensors = _tensors(args.width)
     out.write(event="ready", rank=args.rank, maddrs=maddrs, int8_extract_patched=patched, time=time.time())

@@ -1,4 +1,4 @@
-"""One peer of a raw TCP mesh on 127.0.0.1: the floor for moving an all-reduce's bytes (bench/bench_sync.py).
+"""One peer of a raw TCP mesh on ``--host``: the floor for moving an all-reduce's bytes (bench/bench_sync.py).
 
 ``--peers`` processes each hold a vector of ``--numel`` elements at 4, 2 or 1
 byte(s) per element (encoding none, fp16, int8), cut into one slice per peer.
@@ -10,7 +10,7 @@ owner has every part of its slice, it sends its slice back to every other peer
 connection. A round starts after an in-band barrier (a byte to and from every
 peer); its ``seconds`` run from there until this peer has received everything.
 
-Peers find each other through port files ``mesh.port.RANK`` in ``--dir``.
+Peers find each other through address files ``mesh.port.RANK`` (host and port) in ``--dir``.
 JSON lines to ``--report``: ``ready``, one ``round`` per round (``seconds``,
 ``bytes_sent``, or ``error``), ``done`` (``peak_rss_mb``). Started by
 bench/bench_sync.py; no side effects at import.
@@ -45,20 +45,20 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _publish_port(folder: Path, rank: int, port: int) -> None:
+def _publish_port(folder: Path, rank: int, host: str, port: int) -> None:
     tmp = folder / f"mesh.port.{rank}.tmp"
-    tmp.write_text(str(port))
+    tmp.write_text(f"{host} {port}")
     os.replace(tmp, folder / f"mesh.port.{rank}")  # atomic: a reader never sees a half-written port
 
 
-def _read_ports(folder: Path, peers: int, timeout: float) -> list[int]:
+def _read_ports(folder: Path, peers: int, timeout: float) -> list[tuple[str, int]]:
     end = time.monotonic() + timeout
     paths = [folder / f"mesh.port.{i}" for i in range(peers)]
     while not all(p.exists() for p in paths):
         if time.monotonic() > end:
             raise TimeoutError(f"port files of {peers} peers not all in {folder} after {timeout:.0f} s")
         time.sleep(0.02)
-    return [int(p.read_text()) for p in paths]
+    return [(host, int(port)) for host, port in (p.read_text().split() for p in paths)]
 
 
 def _connect_all(args: argparse.Namespace, listener: socket.socket) -> dict[int, socket.socket]:
@@ -66,10 +66,10 @@ def _connect_all(args: argparse.Namespace, listener: socket.socket) -> dict[int,
 
     Dialling first cannot deadlock: a dial completes in the listener's backlog before the other side accepts.
     """
-    ports = _read_ports(Path(args.dir), args.peers, args.timeout)
+    addresses = _read_ports(Path(args.dir), args.peers, args.timeout)
     conns: dict[int, socket.socket] = {}
     for j in range(args.rank + 1, args.peers):
-        conn = socket.create_connection(("127.0.0.1", ports[j]), timeout=args.timeout)
+        conn = socket.create_connection(addresses[j], timeout=args.timeout)
         conn.sendall(struct.pack("!I", args.rank))
         conns[j] = conn
     listener.settimeout(args.timeout)
@@ -190,8 +190,8 @@ def main(argv: list[str]) -> int:
     from tests.procs import Reporter
 
     out = Reporter(args.report)
-    listener = socket.create_server(("127.0.0.1", 0))
-    _publish_port(Path(args.dir), args.rank, listener.getsockname()[1])
+    listener = socket.create_server((args.host, 0))
+    _publish_port(Path(args.dir), args.rank, args.host, listener.getsockname()[1])
     conns = _connect_all(args, listener)
     out.write(event="ready", rank=args.rank, time=time.time())
     try:

@@ -2,7 +2,7 @@
 (their JSON-lines reports are ``tests.procs.Reporter``, as tests/sync_worker.py's).
 
 Used by bench/hivemind_avg_worker.py and bench/mesh_worker.py (each one
-process of a 4-peer group on 127.0.0.1); no side effects at import.
+process of a 4-peer group on 127.0.0.1 or on rate-limited links); no side effects at import.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ def group_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--encodings", default=",".join(ENCODINGS))
     p.add_argument("--rounds-per", type=int, default=2)
     p.add_argument("--report", required=True)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (a rate-limited link's, bench/links.py)")
     return p
 
 

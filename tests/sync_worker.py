@@ -46,6 +46,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--swarm", default="test-sync")
     p.add_argument("--initial-peer", action="append", default=[])
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (a rate-limited link's, bench/links.py)")
     p.add_argument("--arch", default="32,32,8", help="layer widths of the Linear stack")
     p.add_argument("--init-seed", type=int, default=0)
     p.add_argument("--update-seed", type=int, default=1)
@@ -343,9 +344,7 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(args.init_seed)
     base_rss_mb = _rss_mb()  # everything imported, no model yet: what the sync's memory is measured from
     model = torch.nn.Sequential(*(torch.nn.Linear(a, b) for a, b in itertools.pairwise(widths)))
-    mcfg = MembershipConfig(
-        swarm_id=args.swarm, host="127.0.0.1", port=args.port, initial_peers=tuple(args.initial_peer)
-    )
+    mcfg = MembershipConfig(swarm_id=args.swarm, host=args.host, port=args.port, initial_peers=tuple(args.initial_peer))
     membership = _start_membership(Membership, load_or_create(args.identity), mcfg)
     leave: list[Any] = []
     sync = OuterSync(membership, model, cfg, hook=_hook(args.fault, out, leave))
