@@ -224,7 +224,7 @@ class CatchUpper:
         if target is None:
             return None
         self._log(logging.INFO, "behind or diverged: catching up to rev=%d %s", target.revision, target.state_hash[:8])
-        end = self._clock() + self._cfg.state_timeout_s
+        end = self._clock() + self._cfg.state_bound_s(snap.anchor.numel())
         for donor in target.donors:
             left = end - self._clock()
             if left <= 0:

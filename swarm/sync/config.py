@@ -13,6 +13,8 @@ from typing import Any
 
 COMPRESSIONS = ("none", "fp16", "int8")
 AGGREGATORS = ("mean", "trimmed_mean", "median", "centered_clip")
+BYTES_PER_ELEMENT = {"none": 4.0, "fp16": 2.0, "int8": 1.0 + 4 / 4096}
+"""Wire bytes per parameter of each encoding (int8: one float32 scale per 4,096 values)."""
 
 
 RULE_FIELDS = (
@@ -166,6 +168,14 @@ class OuterSyncConfig:
     state_timeout_s: float = field(
         default=60.0, metadata={"help": "Bound on downloading the group's state when catching up."}
     )
+    min_link_mbit: float = field(
+        default=20.0,
+        metadata={
+            "help": "Slowest link (Mbit/s each way) a member is expected to sync over: the all-reduce and state "
+            "download bounds grow to what the model's bytes take at this rate when that is longer than "
+            "allreduce_timeout_s / state_timeout_s, so a large model on a slow link is not cut off mid-round."
+        },
+    )
     max_state_shift: float = field(
         default=1.0,
         metadata={
@@ -219,6 +229,7 @@ class OuterSyncConfig:
             "poll_s",
             "record_ttl_s",
             "suspect_ban_s",
+            "min_link_mbit",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -247,12 +258,28 @@ class OuterSyncConfig:
         """
         return ",".join(f"{name}={getattr(self, name)!r}" for name in RULE_FIELDS)
 
-    def max_sync_seconds(self) -> float:
-        """Upper bound on one ``sync_now`` (catch-up included); see :mod:`swarm.sync.outer`."""
+    def transfer_s(self, nbytes: float) -> float:
+        """Seconds ``nbytes`` take each way at ``min_link_mbit``, a quarter more for headers and acknowledgements."""
+        return 1.25 * nbytes * 8 / (self.min_link_mbit * 1e6)
+
+    def allreduce_bound_s(self, n_elems: int) -> float:
+        """Bound on one all-reduce of ``n_elems`` parameters: what a member's bytes take on the slowest link,
+        at least ``allreduce_timeout_s``. A member sends, and receives, 2 (N - 1) / N < 2 times the encoded
+        model (its parts, then the reduced slice to every other member)."""
+        per_element = BYTES_PER_ELEMENT[self.compression]
+        return max(self.allreduce_timeout_s, self.transfer_s(2 * per_element * n_elems))
+
+    def state_bound_s(self, n_elems: int) -> float:
+        """Bound on downloading a state (anchor and momentum, float32) of ``n_elems`` parameters."""
+        return max(self.state_timeout_s, self.transfer_s(8 * n_elems))
+
+    def max_sync_seconds(self, n_elems: int = 0) -> float:
+        """Upper bound on one ``sync_now`` (catch-up included) for a model of ``n_elems`` parameters (0: a
+        model small enough for the fixed bounds); see :mod:`swarm.sync.outer`."""
         d = self.dht_timeout_s
-        round_s = self.matchmaking_timeout_s + self.allreduce_timeout_s + max(self.commit_timeout_s, d)
+        round_s = self.matchmaking_timeout_s + self.allreduce_bound_s(n_elems) + max(self.commit_timeout_s, d)
         # two ping rounds: the catch-up check's (trusted peers at this state) and the orphan check's
-        return round_s + self.state_timeout_s + 2 * self.ping_timeout_s + 6 * d + 1.0
+        return round_s + self.state_bound_s(n_elems) + 2 * self.ping_timeout_s + 6 * d + 1.0
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Fault-tolerant DiLoCo outer sync: never half-applied, never hung.
 
 One round, on every member (M, A, C, S, d = matchmaking_timeout_s,
-allreduce_timeout_s, commit_timeout_s, state_timeout_s, dht_timeout_s):
+allreduce_bound_s, commit_timeout_s, state_bound_s, dht_timeout_s; A and S
+grow with the model's bytes at ``min_link_mbit``):
 
 1. Catch-up: read the state records of this architecture; if more trusted
    peers (round partners, peers named to join through) report a newer state
@@ -453,7 +454,7 @@ class OuterSync:
             cfg.compression,
             cfg.aggregator,
             cfg.trim_fraction,
-            decision.window_start + cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s,
+            decision.window_start + cfg.matchmaking_timeout_s + cfg.allreduce_bound_s(snap.anchor.numel()),
             cfg.clip_factor,
             cfg.max_weight_ratio,
             decision.skip,

@@ -286,6 +286,24 @@ def test_a_target_no_donor_serves_is_retried_before_this_peer_syncs_at_its_own_s
     assert upper.catch_up(snap, lambda: False) is None  # passed over from now on: sync at its own state
 
 
+def test_a_state_download_gets_the_time_its_bytes_take_on_the_slowest_link() -> None:
+    """A fixed bound cuts off every download of a large model on a slow link: the node could never rejoin."""
+    own, trained = torch.ones(1000), torch.full((1000,), 1.01)
+    snap = Snapshot(3, state_hash(own, torch.zeros(1000)), own, torch.zeros(1000))
+    got = Snapshot(4, state_hash(trained, torch.zeros(1000)), trained, torch.zeros(1000))
+    cfg = OuterSyncConfig(min_link_mbit=0.001)  # 8,000 bytes of state take 80 s at 1 kbit/s, past the 60 s bound
+    given: list[float] = []
+
+    def fetch(donor: str, n: int, timeout: float) -> Snapshot:
+        given.append(timeout)
+        return got
+
+    records = cast(SyncRecords, _Records({"b": _state("b", 4, got.state_hash)}))
+    upper = CatchUpper("a", records, fetch, cfg, frozenset({"b"}), _quiet, FakeClock(1000.0))
+    assert upper.catch_up(snap, lambda: False) is got
+    assert given == [pytest.approx(cfg.state_bound_s(1000))] and cfg.state_bound_s(1000) == pytest.approx(80.0)
+
+
 def test_an_implausible_target_is_passed_over_at_once() -> None:
     own = torch.ones(10)
     snap = Snapshot(3, state_hash(own, torch.zeros(10)), own, torch.zeros(10))

@@ -26,6 +26,7 @@ from swarm.sync import (
     decide_group,
 )
 from swarm.sync import records as records_module
+from swarm.sync.config import BYTES_PER_ELEMENT, COMPRESSIONS
 from swarm.sync.decide import (
     earliest_open_window,
     expected_members,
@@ -316,6 +317,20 @@ def test_config_validation_names_the_value_and_the_fix(kwargs: dict[str, object]
     with pytest.raises(ValueError) as err:
         OuterSyncConfig(**kwargs)  # type: ignore[arg-type]
     assert fragment in str(err.value)
+
+
+def test_the_all_reduce_and_state_bounds_grow_with_the_models_bytes_on_the_slowest_link() -> None:
+    cfg = OuterSyncConfig(min_link_mbit=20.0)
+    # 50M float32 parameters: a member moves ~2 x 200 MB each way, 160 s at 20 Mbit/s, plus a quarter
+    assert cfg.allreduce_bound_s(50_000_000) == pytest.approx(200.0)
+    assert OuterSyncConfig(compression="fp16").allreduce_bound_s(50_000_000) == pytest.approx(100.0)
+    assert cfg.state_bound_s(50_000_000) == pytest.approx(200.0)  # anchor and momentum
+    small = cfg.allreduce_bound_s(1_000_000), cfg.state_bound_s(1_000_000)
+    assert small == (cfg.allreduce_timeout_s, cfg.state_timeout_s)  # a small model keeps the fixed bounds
+    extra = cfg.max_sync_seconds(50_000_000) - cfg.max_sync_seconds()
+    assert extra == pytest.approx(200.0 - cfg.allreduce_timeout_s + 200.0 - cfg.state_timeout_s)
+    for compression in COMPRESSIONS:  # the bound's bytes cover what the encoding really sends
+        assert encoded_size(10**6, compression) <= BYTES_PER_ELEMENT[compression] * 10**6 + 4  # a last scale
 
 
 def test_config_bound_and_report_metrics() -> None:
