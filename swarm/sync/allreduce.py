@@ -44,7 +44,7 @@ from swarm.sync import direct
 from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.direct import host_of
 from swarm.sync.errors import BadBytes, GroupMismatch, PeerLost
-from swarm.sync.robust import Suspicion, clamp_weights, reduce_slice
+from swarm.sync.robust import Suspicion, as_array, clamp_weights, reduce_slice
 from swarm.sync.tensors import Buffer, decode_into, encode_view, encoded_size, from_bytes, slice_bounds, to_bytes
 from swarm.sync.tensors import state_hash as compute_state_hash
 from swarm.sync.wire import (
@@ -450,6 +450,8 @@ class SyncService:
             # with compression "none" the parts are views of ``flat`` (no copies); own part as the others see it
             parts = [encode_view(flat[a:b], plan.compression) for a, b in bounds]
             digests = [hashlib.sha256(p).digest() if self._direct_send else b"" for p in parts]
+            if plan.compression == "none":  # the part as sent is the vector itself (nothing writes to it)
+                return parts, digests, as_array(flat[lo:hi])
             own = np.empty(hi - lo, dtype=np.float32)
             decode_into(parts[rnd.index], own, plan.compression)
             return parts, digests, own

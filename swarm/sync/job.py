@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 import torch
@@ -11,28 +10,34 @@ import torch
 from swarm.sync.allreduce import Snapshot
 from swarm.sync.config import SyncReport
 from swarm.sync.robust import as_array
+from swarm.sync.tensors import float_params
 from swarm.sync.wire import MAX_WEIGHT
 
 
 @dataclass(frozen=True)
 class SyncJob:
-    """What one round averages, taken on the training thread: the anchor it started from and the weights then.
+    """What one round averages, taken on the training thread: the anchor it started from and this member's
+    progress since it (the progress, not the weights: :func:`apply_outcome` needs no more).
 
     The round itself never reads the module, so training may go on while it runs
     (:class:`swarm.sync.runner.SyncRunner`).
     """
 
     base: Snapshot
-    params: torch.Tensor
+    pseudo: torch.Tensor
+    """This member's pseudo-gradient: its own progress since the anchor, negated (``anchor - weights``)."""
     steps: int = 1
     """Inner steps trained since ``base`` (a catch-up keeps them: see :meth:`OuterSync.apply`)."""
     step: int | None = None
     """The caller's inner step when the job was taken (None: not told); a commit makes it the anchor's step."""
 
-    @cached_property
-    def pseudo(self) -> torch.Tensor:
-        """This member's pseudo-gradient: its own progress since the anchor, negated (computed once)."""
-        return torch.from_numpy(np.subtract(as_array(self.base.anchor), as_array(self.params)))
+    @classmethod
+    def taken(cls, base: Snapshot, weights: torch.Tensor, steps: int = 1, step: int | None = None) -> SyncJob:
+        """The job of ``weights``, a fresh float32 copy of the module's: the pseudo-gradient is computed in
+        its memory (it is overwritten)."""
+        w = as_array(weights)
+        np.subtract(as_array(base.anchor), w, out=w)
+        return cls(base, weights, steps, step)
 
     @property
     def weight(self) -> int:
@@ -59,17 +64,38 @@ class RoundOutcome:
 
 def weights_after(outcome: RoundOutcome, params_now: torch.Tensor) -> torch.Tensor:
     """The weights once ``outcome`` is applied to weights ``params_now``, computed in ``params_now``'s memory
-    (see :meth:`swarm.sync.outer.OuterSync.apply`).
+    (see :meth:`swarm.sync.outer.OuterSync.apply`)."""
+    assert outcome.installed is not None
+    _apply_slice(outcome, as_array(params_now), 0)
+    return params_now
 
-    After a commit, ``params_now - job.params`` is exactly zero when nothing was
-    trained meanwhile, so a blocking sync leaves the weights bit-identical to
-    the group's anchor.
+
+def apply_outcome(outcome: RoundOutcome, module: torch.nn.Module) -> None:
+    """Put ``outcome`` into ``module``'s parameters, each in its own memory where it is float32 on the CPU
+    (no full-size copy of the weights: at 50M parameters that is 200 MB at the round's end)."""
+    assert outcome.installed is not None
+    offset = 0
+    with torch.no_grad():
+        for p in float_params(module):
+            inplace = p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous()
+            flat = p.detach().view(-1) if inplace else p.detach().reshape(-1).to(torch.float32)
+            _apply_slice(outcome, as_array(flat), offset)
+            if not inplace:
+                p.copy_(flat.view_as(p).to(p.dtype))
+            offset += p.numel()
+
+
+def _apply_slice(outcome: RoundOutcome, out: np.ndarray, offset: int) -> None:
+    """``out`` (the weights now at ``offset`` of the flat vector) <- the installed anchor plus the progress to keep.
+
+    A commit keeps what was trained since the job was taken: ``now - (anchor - pseudo)``, computed as
+    ``(now - anchor) + pseudo``, which is exactly zero when nothing was trained (``fl(a - b) = -fl(b - a)``),
+    so a blocking sync leaves the weights bit-identical to the group's anchor. A catch-up only keeps all
+    progress since the old anchor: ``now - anchor``.
     """
     assert outcome.installed is not None
-    job = outcome.job
-    since = job.params if outcome.report.committed else job.base.anchor
-    # (params_now - since) first, then added to the anchor: the same two roundings as before, computed in
-    # params_now's own memory (the caller's fresh copy of the weights: no other full-size vector)
-    out = as_array(params_now)
-    np.subtract(out, as_array(since), out=out)
-    return torch.from_numpy(np.add(as_array(outcome.installed.anchor), out, out=out))
+    job, end = outcome.job, offset + out.size
+    np.subtract(out, as_array(job.base.anchor)[offset:end], out=out)
+    if outcome.report.committed:
+        np.add(out, as_array(job.pseudo)[offset:end], out=out)
+    np.add(out, as_array(outcome.installed.anchor)[offset:end], out=out)

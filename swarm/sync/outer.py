@@ -65,6 +65,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -78,12 +79,12 @@ from swarm.sync.config import AbortCause, OuterSyncConfig, SyncAborted, SyncOutc
 from swarm.sync.decide import CatchUpRefusal, CommitDecision, GroupDecision, peers_named_in
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
-from swarm.sync.job import RoundOutcome, SyncJob, weights_after
+from swarm.sync.job import RoundOutcome, SyncJob, apply_outcome
 from swarm.sync.liveness import Prober
 from swarm.sync.records import ABORT_DIGEST
 from swarm.sync.robust import Suspicion, distance
 from swarm.sync.schedule import Schedule
-from swarm.sync.tensors import flatten, load_flat, state_hash
+from swarm.sync.tensors import flatten, state_hash
 from swarm.sync.vetoes import VetoTally
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,8 @@ BANNED_FOR = (Suspicion.REDUCED_NOT_FINITE, Suspicion.REDUCED_TOO_LARGE, Suspici
 """Suspicions that leave a member out of sync groups for ``suspect_ban_s``. A merely clipped part is
 not among them: clipping bounds it already, and an honest member near the bound may be clipped by
 one reducer only, and a ban on one side only splits the group."""
+_SPENT = torch.empty(0)
+"""What an :class:`Assembled` holds as its average once the outer step has consumed it."""
 
 
 class OuterSync:
@@ -228,7 +231,7 @@ class OuterSync:
         anchor, counted from ``inner_step`` (call on the thread that trains; without it the part counts 1)."""
         since = self._anchor_step
         steps = 1 if inner_step is None or since is None else inner_step - since
-        return SyncJob(self._applied, flatten(self.module), steps, inner_step)
+        return SyncJob.taken(self._applied, flatten(self.module), steps, inner_step)
 
     def apply(self, outcome: RoundOutcome) -> None:
         """Put a round's outcome into the weights, keeping every inner step (call on the thread that trains).
@@ -241,7 +244,7 @@ class OuterSync:
         new = outcome.installed
         if new is None:
             return
-        load_flat(self.module, weights_after(outcome, flatten(self.module)))
+        apply_outcome(outcome, self.module)
         self._applied = new
         if outcome.report.committed:  # the job's steps are in the average; those trained since are not
             self._anchor_step = outcome.job.step
@@ -371,6 +374,7 @@ class OuterSync:
             self._hook("allreduced", snap.revision)
         # checked BEFORE voting, so a bad average makes this member vote abort and nobody applies it
         new, step_problem = self._outer_step(snap, got, plan.skip)
+        got = replace(got, average=_SPENT)  # the outer step used it up: its memory goes back before the vote
         refusal = got.refusal or step_problem
         if refusal is None and self._superseded(snap, deadline):
             self._records.vote(plan, ABORT_DIGEST)

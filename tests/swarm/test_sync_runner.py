@@ -11,9 +11,10 @@ import torch
 
 from swarm.sync.allreduce import Snapshot
 from swarm.sync.config import OuterSyncConfig, SyncOutcome, SyncReport
-from swarm.sync.job import RoundOutcome, SyncJob, weights_after
+from swarm.sync.job import RoundOutcome, SyncJob, apply_outcome, weights_after
 from swarm.sync.runner import SyncRunner
 from swarm.sync.schedule import Schedule
+from swarm.sync.tensors import flatten
 
 HOLD_S = 10.0  # a held sync is released by the test; this bound only keeps a broken test from hanging
 
@@ -62,14 +63,15 @@ def test_schedule_by_steps_and_its_validation() -> None:
 
 
 def test_a_commit_with_nothing_trained_meanwhile_leaves_exactly_the_groups_anchor() -> None:
-    job = SyncJob(snap(0, [1.0, 2.0]), torch.tensor([0.3, 1.7]))
+    weights = torch.tensor([0.3, 1.7])
+    job = SyncJob.taken(snap(0, [1.0, 2.0]), weights.clone())
     new = snap(1, [0.123456789, 1.987654321])
-    out = weights_after(RoundOutcome(report(True), job, new), job.params.clone())
+    out = weights_after(RoundOutcome(report(True), job, new), weights.clone())
     assert torch.equal(out, new.anchor)
 
 
 def test_a_commit_keeps_the_steps_trained_while_it_ran() -> None:
-    job = SyncJob(snap(0, [1.0, 2.0]), torch.tensor([0.5, 1.5]))
+    job = SyncJob.taken(snap(0, [1.0, 2.0]), torch.tensor([0.5, 1.5]))
     new = snap(1, [0.75, 1.75])
     out = weights_after(RoundOutcome(report(True), job, new), torch.tensor([0.25, 1.5]))  # trained on: -0.25, 0
     assert torch.allclose(out, torch.tensor([0.5, 1.75]))
@@ -77,10 +79,32 @@ def test_a_commit_keeps_the_steps_trained_while_it_ran() -> None:
 
 def test_a_catch_up_keeps_all_progress_since_the_old_anchor() -> None:
     # the old behaviour reset the weights to the downloaded anchor, discarding every inner step since the last sync
-    job = SyncJob(snap(3, [1.0, 1.0]), torch.tensor([0.5, 1.25]))
+    job = SyncJob.taken(snap(3, [1.0, 1.0]), torch.tensor([0.5, 1.25]))
     downloaded = snap(9, [4.0, 4.0])
     out = weights_after(RoundOutcome(report(False, 9), job, downloaded), torch.tensor([0.5, 1.5]))
     assert torch.allclose(out, torch.tensor([3.5, 4.5]))
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_an_outcome_goes_into_each_parameter_in_its_own_memory(committed: bool) -> None:
+    """No full-size copy of the weights at the round's end; a half-precision parameter goes through a copy."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2).to(torch.bfloat16))
+    base = Snapshot(0, "h0", flatten(module) + 0.25, torch.zeros(23))
+    job = SyncJob.taken(base, flatten(module))
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.125)  # trained on while the round ran
+    now, new = flatten(module), Snapshot(1, "h1", base.anchor - 0.5, torch.zeros(23))
+    outcome = RoundOutcome(report(committed), job, new)
+    pointers = [p.data_ptr() for p in module.parameters()]
+    apply_outcome(outcome, module)
+    assert [p.data_ptr() for p in module.parameters()] == pointers
+    expected = weights_after(outcome, now.clone())
+    assert torch.equal(flatten(module)[:15], expected[:15])  # float32: the same roundings
+    assert torch.allclose(flatten(module)[15:], expected[15:], atol=1e-2)  # bfloat16: rounded once more
+    kept = 0.125 if committed else 0.125 - 0.25  # a commit: trained since the job; a catch-up: since the anchor
+    assert torch.allclose(flatten(module)[:15] - new.anchor[:15], torch.full((15,), kept))
 
 
 # ---- the runner ------------------------------------------------------------------------------------
@@ -100,7 +124,7 @@ class HeldRounds:
         self.cancelled = False
 
     def prepare(self, inner_step: int | None = None) -> SyncJob:
-        return SyncJob(snap(self.revision, [0.0]), torch.tensor([float(len(self.jobs))]))
+        return SyncJob.taken(snap(self.revision, [0.0]), torch.tensor([float(len(self.jobs))]))
 
     def run(self, job: SyncJob) -> RoundOutcome:
         self.jobs.append(job)

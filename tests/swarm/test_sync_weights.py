@@ -85,10 +85,10 @@ def test_the_wire_weight_is_a_bounded_int() -> None:
 def test_a_job_weighs_its_inner_steps_and_nothing_trained_weighs_zero() -> None:
     anchor = torch.zeros(4)
     base = Snapshot(0, "h", anchor, torch.zeros(4))
-    assert SyncJob(base, anchor.clone(), steps=9).weight == 0
-    assert SyncJob(base, anchor + 1, steps=9).weight == 9
-    assert SyncJob(base, anchor + 1, steps=0).weight == 1  # trained but not told how much: counts 1
-    assert SyncJob(base, anchor + 1, steps=10**12).weight == MAX_WEIGHT
+    assert SyncJob.taken(base, anchor.clone(), steps=9).weight == 0
+    assert SyncJob.taken(base, anchor + 1, steps=9).weight == 9
+    assert SyncJob.taken(base, anchor + 1, steps=0).weight == 1  # trained but not told how much: counts 1
+    assert SyncJob.taken(base, anchor + 1, steps=10**12).weight == MAX_WEIGHT
 
 
 def test_max_weight_ratio_validation_names_the_fix() -> None:
