@@ -9,10 +9,12 @@ keys of the config file and the file ``swarm-node init`` writes), and
 
 This module imports only the standard library, so parsing the command line
 (and every one-sentence error) stays fast. Where an option feeds a
-component's config, its default must be that component's default:
-:func:`node.core.assemble.node_configs` builds the components, and
-``tests/node/test_options.py`` checks that the default options give exactly
-the components' own defaults.
+component's config it carries that config field's name (the flag keeps the
+user's word, e.g. ``--sync-window`` for ``matchmaking_timeout_s``) and its
+default: :func:`node.core.assemble.node_configs` builds the components by
+matching names, and ``tests/node/test_options.py`` checks that every option
+feeds a field of its name and that the default options give exactly the
+components' own defaults.
 """
 
 from __future__ import annotations
@@ -45,12 +47,15 @@ def option(
 ) -> Any:
     """A dataclass field that is also a CLI flag.
 
-    ``flag`` overrides the spelling (default ``--field-name``); ``count`` makes a
-    repeatable switch (``-vv``); ``hidden`` flags are internal (not in help or
-    config files); ``inherit`` marks options that ``local`` hands to every child
-    node. A ``bool`` field is a switch; a ``tuple[str, ...]`` field is a
-    repeatable flag. ``choices`` are the only values the flag takes (argparse
-    refuses any other before anything heavy is imported).
+    The field is named as the component config field it feeds (the node's
+    assembly matches them by name); ``flag`` is the user's spelling where it
+    differs (default ``--field-name``). ``count`` makes a repeatable switch
+    (``-vv``); ``hidden`` flags are internal (not in help or config files);
+    ``inherit`` marks options that ``local`` hands to every child node. A
+    ``bool`` field is a switch that sets the opposite of its default (so
+    ``--wait-network`` turns ``overlap_network`` off); a ``tuple[str, ...]``
+    field is a repeatable flag. ``choices`` are the only values the flag takes
+    (argparse refuses any other before anything heavy is imported).
     """
     meta = {"help": help, "group": group, "flag": flag, "short": short, "count": count}
     meta |= {"hidden": hidden, "inherit": inherit, "choices": choices}
@@ -66,15 +71,17 @@ class NodeOptions:
     """The options of every node command (``start``, ``join``, ``local``)."""
 
     model: str = option(DEFAULT_MODEL, "built-in model name or local HF model folder")
-    task: tuple[str, ...] = option(
+    tasks: tuple[str, ...] = option(
         (),
         "task family (repeatable; default: the model's: the tiny built-ins for a tiny model, the reasoning-gym "
         "families where it gets a learning signal for a real LM)",
+        flag="--task",
         inherit=True,
     )
-    accept_task: tuple[str, ...] = option(
-        (), "task family learned from peers' groups without generating it (repeatable)", inherit=True
-    )
+    accept_tasks: tuple[str, ...] = option(
+        (), "task family learned from peers' groups without generating it (repeatable)", flag="--accept-task",
+        inherit=True,
+    )  # fmt: skip
     accept_tokens: int = option(
         0, "longest peer completion accepted, in this model's tokens (0: its own --max-new-tokens)", inherit=True
     )
@@ -84,22 +91,23 @@ class NodeOptions:
         "starts from the same weights)",
     )
     rounds: int = option(0, "rounds to run; 0 runs until stopped", inherit=True)
-    warm_start: int = option(
+    warm_start_steps: int = option(
         0, "supervised steps on gold answers before the first round, the same on every node (a stand-in for "
         "a pretrained model: all nodes of one model and task set start from one prior); 0: off",
-        inherit=True,
+        flag="--warm-start", inherit=True,
     )  # fmt: skip
     local_groups: int = option(4, "I: local groups per round", flag="--local", inherit=True)
     external_groups: int = option(4, "J: external groups per round", flag="--external", inherit=True)
-    generations: int = option(8, "G: completions per question", inherit=True)
+    num_generations: int = option(8, "G: completions per question", flag="--generations", inherit=True)
     max_new_tokens: int = option(
         0, "tokens per completion (0: the model's default: 1 for built-in tiny models, 32 smollm2-135m, else 64)",
         inherit=True,
     )  # fmt: skip
     temperature: float = option(1.0, "sampling temperature", inherit=True)
-    lr: float | None = option(
+    learning_rate: float | None = option(
         None,
         "learning rate (default: the model's: 1e-3 tiny, 2e-6 smollm2-135m, 2e-5 with --adapter lora)",
+        flag="--lr",
         inherit=True,
     )
     sampling: str = option(
@@ -114,24 +122,26 @@ class NodeOptions:
         "each peer group cut to G completions and its mean |advantage| at most 1, it bounds that peer's share of "
         "the step's advantage mass too", inherit=True,
     )  # fmt: skip
-    external_min_logp: float | None = option(
+    min_token_logp: float | None = option(
         None, "likelihood filter: drop a peer's completion whose mean token log-prob here is below this (e.g. -5)",
-        group=OFFPOLICY, inherit=True,
+        group=OFFPOLICY, flag="--external-min-logp", inherit=True,
     )  # fmt: skip
-    external_is_cap: float = option(
+    is_cap: float = option(
         0.0, "truncated importance weight of a peer's completion: min(p_here / p_publisher, cap); 0: off",
-        group=OFFPOLICY, inherit=True,
+        group=OFFPOLICY, flag="--external-is-cap", inherit=True,
     )  # fmt: skip
-    external_baseline: str = option(
+    baseline: str = option(
         "receiver", "baseline of peers' groups: group (their mean) or receiver (this node's mean reward on the family)",
-        group=OFFPOLICY, inherit=True, choices=("group", "receiver"),
+        group=OFFPOLICY, flag="--external-baseline", inherit=True, choices=("group", "receiver"),
     )  # fmt: skip
     gradient_checkpointing: bool = option(
         False,
         "recompute activations in the backward pass: less memory for a real LM, ~1/3 more training time",
         inherit=True,
     )
-    micro_batch: int = option(0, "completions per forward/backward pass (0: the model's default)", inherit=True)
+    micro_batch_size: int = option(
+        0, "completions per forward/backward pass (0: the model's default)", flag="--micro-batch", inherit=True
+    )
     diagnose_groups: bool = option(
         False, "record per round and source what training used (log-probs, weights, gradient shares)",
         group=OFFPOLICY, inherit=True,
@@ -149,19 +159,22 @@ class NodeOptions:
         "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj on Llama-family, c_attn,c_proj,c_fc on GPT-2)",
         group=ADAPTER, inherit=True,
     )  # fmt: skip
-    wait_network: bool = option(
-        False, "each round waits for its own publish and collect (default: they run beside the rounds)", inherit=True
-    )
-    network_wait: float = option(
+    overlap_network: bool = option(
+        True, "each round waits for its own publish and collect (default: they run beside the rounds)",
+        flag="--wait-network", inherit=True,
+    )  # fmt: skip
+    network_wait_s: float = option(
         0.05,
         "longest a round waits for the collect it started (s; at most its own generation time); a slower one is "
         "ingested later",
+        flag="--network-wait",
         inherit=True,
     )
-    min_generate: float = option(
+    min_generate_s: float = option(
         0.0,
         "shortest a round's generation lasts (s): a faster node waits out the rest before sharing, as a bigger "
         "model would, so a local swarm of tiny models keeps a real swarm's round length (0: off)",
+        flag="--min-generate",
         inherit=True,
     )
     log_dir: str = option("runs", "metrics go to <log-dir>/<peer-short-id>/metrics.jsonl")
@@ -174,40 +187,47 @@ class NodeOptions:
     max_threads: int = option(0, "cap torch CPU threads (0: torch default)")
     verbose: int = option(0, "more log detail (-vv for debug)", short="-v", count=True, inherit=True)
     sync_every: int = option(0, "rounds between outer syncs (H); 0 turns sync off", group=SYNC, inherit=True)
-    sync_period: float = option(
+    sync_period_s: float = option(
         0.0,
         "sync on a shared clock instead: every peer of an architecture starts a sync at each multiple of this many "
         "seconds of wall time, so peers of different speeds meet (turns the sync on; e.g. 60)",
         group=SYNC,
+        flag="--sync-period",
         inherit=True,
     )
-    sync_blocking: bool = option(
-        False, "training waits for each sync (default: it runs beside training, applied one step late)", group=SYNC,
+    eager: bool = option(
+        True, "training waits for each sync (default: it runs beside training, applied one step late)", group=SYNC,
+        flag="--sync-blocking", inherit=True,
+    )  # fmt: skip
+    matchmaking_timeout_s: float = option(
+        5.0, "gather window: peers arriving within it form a group (s)", group=SYNC, flag="--sync-window",
         inherit=True,
     )  # fmt: skip
-    sync_window: float = option(
-        5.0, "gather window: peers arriving within it form a group (s)", group=SYNC, inherit=True
+    allreduce_timeout_s: float = option(
+        60.0, "bound on one sync's all-reduce (s)", group=SYNC, flag="--sync-timeout", inherit=True
     )
-    sync_timeout: float = option(60.0, "bound on one sync's all-reduce (s)", group=SYNC, inherit=True)
-    sync_compression: str = option(
-        "none", "wire encoding of the all-reduce", group=SYNC, inherit=True, choices=("none", "fp16", "int8")
-    )
-    sync_stream_only: bool = option(
-        False,
+    compression: str = option(
+        "none", "wire encoding of the all-reduce", group=SYNC, flag="--sync-compression", inherit=True,
+        choices=("none", "fp16", "int8"),
+    )  # fmt: skip
+    direct_payloads: bool = option(
+        True,
         "move the all-reduce's bytes on the encrypted P2P streams only (default: on direct TCP connections, "
         "each payload's sha256 checked over the stream; about a third of the CPU, not encrypted)",
         group=SYNC,
+        flag="--sync-stream-only",
         inherit=True,
     )
     outer_lr: float = option(0.7, "outer Nesterov SGD learning rate", group=SYNC, inherit=True)
     outer_momentum: float = option(
         0.9, "outer SGD momentum (0 with --outer-lr 1: the outer step is plain averaging)", group=SYNC, inherit=True
     )
-    sync_aggregator: str = option(
+    aggregator: str = option(
         "centered_clip",
         "how a reducer combines the (norm-clipped) parts: centered_clip, median, trimmed_mean (robust to one "
         "member reversing the group's progress, from 3 members up) or mean",
         group=SYNC,
+        flag="--sync-aggregator",
         inherit=True,
         choices=("mean", "trimmed_mean", "median", "centered_clip"),
     )
@@ -220,9 +240,10 @@ class NodeOptions:
         8, "sampled completions per held-out question, for the mean reward beside greedy accuracy (0: greedy only)",
         group=EVAL, inherit=True,
     )  # fmt: skip
-    eval_timeout: float = option(
-        60.0, "longest one evaluation runs (s); past it the scores cover the questions done", group=EVAL, inherit=True
-    )
+    eval_timeout_s: float = option(
+        60.0, "longest one evaluation runs (s); past it the scores cover the questions done", group=EVAL,
+        flag="--eval-timeout", inherit=True,
+    )  # fmt: skip
     checkpoint_every: int = option(
         50, "rounds between checkpoints (also written on leave); 0: off", group=CHECKPOINTS, inherit=True
     )
@@ -240,8 +261,10 @@ class NodeOptions:
     )
     announce: tuple[str, ...] = option((), "multiaddr to announce (repeatable)", group=NETWORK)
     client_mode: bool = option(False, "accept no incoming connections (behind NAT)", group=NETWORK)
-    no_relay: bool = option(False, "do not use libp2p circuit relays to reach peers", group=NETWORK)
-    auto_relay: bool = option(False, "find a relay to be reachable through (behind NAT)", group=NETWORK)
+    use_relay: bool = option(True, "do not use libp2p circuit relays to reach peers", group=NETWORK, flag="--no-relay")
+    use_auto_relay: bool = option(
+        False, "find a relay to be reachable through (behind NAT)", group=NETWORK, flag="--auto-relay"
+    )
     bootstrap_attempts: int = option(4, "tries to reach --peer (backoff 1 s, doubling)", group=NETWORK)
     swarm_id: str = option("swarm-node", "swarm name; keys are namespaced by it", group=NETWORK, inherit=True)
     ready_file: str | None = option(None, "write peer id and addresses here once up (for local)", hidden=True)
@@ -295,8 +318,8 @@ def to_argv(opts: NodeOptions, only: Literal["inherited", "changed"] = "inherite
     """``opts`` as a command line: the options ``local`` hands to children (``only="inherited"``, every value
     written out) or those that differ from their default (``only="changed"``).
 
-    None is left out; a switch appears only when on; a repeatable flag once per
-    value; a count as that many short flags.
+    None is left out; a switch appears only when its value is not its default; a
+    repeatable flag once per value; a count as that many short flags.
     """
     out: list[str] = []
     for f in option_fields(type(opts)):
@@ -309,12 +332,12 @@ def to_argv(opts: NodeOptions, only: Literal["inherited", "changed"] = "inherite
 
 def _flag_words(f: Any, value: Any) -> list[str]:
     flag = flag_of(f)
-    if value is None or value is False:
+    if isinstance(value, bool):  # a switch: given when the value is the opposite of its default
+        return [flag] if value != f.default else []
+    if value is None:
         return []
     if f.metadata["count"]:
         return [f.metadata["short"] or flag] * int(value)
-    if value is True:
-        return [flag]
     if isinstance(value, tuple | list):
         return [w for v in value for w in (flag, str(v))]
     return [flag, str(value)]

@@ -37,11 +37,11 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('rounds = 7\nmax_threads = 2\ntask = ["max", "min"]\ndashboard-port = 9000\nclient-mode = true\n')
     args = parse(["start", "--config", str(path)])
-    assert (args.rounds, args.max_threads, args.task, args.dashboard_port, args.client_mode) == (  # type: ignore[attr-defined]
+    assert (args.rounds, args.max_threads, args.tasks, args.dashboard_port, args.client_mode) == (  # type: ignore[attr-defined]
         7, 2, ["max", "min"], 9000, True,
     )  # fmt: skip
     args = parse(["start", "--config", str(path), "--rounds", "3", "--task", "pos"])
-    assert (args.rounds, args.max_threads, args.task) == (3, 2, ["pos"])  # type: ignore[attr-defined]
+    assert (args.rounds, args.max_threads, args.tasks) == (3, 2, ["pos"])  # type: ignore[attr-defined]
 
 
 def test_local_keys_are_allowed_and_join_peer_can_come_from_the_file(tmp_path: Path) -> None:
