@@ -135,12 +135,7 @@ def _stop_all(children: list[Child]) -> None:
 
 
 def run_local(args: argparse.Namespace) -> int:
-    if not 1 <= args.nodes <= 64:
-        raise CliError(f"--nodes {args.nodes}: use 1-64 nodes")
-    if not 0 <= args.isolated <= args.nodes:
-        raise CliError(f"--isolated {args.isolated}: use 0 to {args.nodes} (the number of nodes)")
-    if args.rounds < 1:
-        raise CliError(f"--rounds {args.rounds}: a local run needs at least 1 round")
+    # the options' ranges (--nodes, --isolated, --rounds) are checked as they are parsed (node.cli.main)
     log_dir = Path(args.log_dir)
     (log_dir / "keys").mkdir(parents=True, exist_ok=True)
     for stale in [*log_dir.glob("node*.ready"), log_dir / "go"]:

@@ -19,6 +19,7 @@ components' own defaults.
 
 from __future__ import annotations
 
+import operator
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
@@ -44,6 +45,11 @@ def option(
     hidden: bool = False,
     inherit: bool = False,
     choices: tuple[str, ...] = (),
+    min: float | None = None,
+    max: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    or_zero: bool = False,
 ) -> Any:
     """A dataclass field that is also a CLI flag.
 
@@ -55,10 +61,14 @@ def option(
     ``bool`` field is a switch that sets the opposite of its default (so
     ``--wait-network`` turns ``overlap_network`` off); a ``tuple[str, ...]``
     field is a repeatable flag. ``choices`` are the only values the flag takes
-    (argparse refuses any other before anything heavy is imported).
+    (argparse refuses any other before anything heavy is imported). A number's
+    range is ``min``/``max`` (inclusive) and ``above``/``below`` (exclusive);
+    ``or_zero`` also admits 0 (off). :func:`check_options` checks them as the
+    command line is parsed, before anything heavy is imported.
     """
     meta = {"help": help, "group": group, "flag": flag, "short": short, "count": count}
     meta |= {"hidden": hidden, "inherit": inherit, "choices": choices}
+    meta |= {"min": min, "max": max, "above": above, "below": below, "or_zero": or_zero}
     return field(default=default, metadata=meta)
 
 
@@ -83,32 +93,34 @@ class NodeOptions:
         inherit=True,
     )  # fmt: skip
     accept_tokens: int = option(
-        0, "longest peer completion accepted, in this model's tokens (0: its own --max-new-tokens)", inherit=True
+        0, "longest peer completion accepted, in this model's tokens (0: its own --max-new-tokens)", inherit=True, min=0
     )
     seed: int = option(
         0,
         "seed for sampling, generation and the initial weights (with the outer sync on, every peer of one model "
         "starts from the same weights)",
     )
-    rounds: int = option(0, "rounds to run; 0 runs until stopped", inherit=True)
+    rounds: int = option(0, "rounds to run; 0 runs until stopped", inherit=True, min=0)
     warm_start_steps: int = option(
         0, "supervised steps on gold answers before the first round, the same on every node (a stand-in for "
         "a pretrained model: all nodes of one model and task set start from one prior); 0: off",
-        flag="--warm-start", inherit=True,
+        flag="--warm-start", inherit=True, min=0, max=100_000,
     )  # fmt: skip
-    local_groups: int = option(4, "I: local groups per round", flag="--local", inherit=True)
-    external_groups: int = option(4, "J: external groups per round", flag="--external", inherit=True)
-    num_generations: int = option(8, "G: completions per question", flag="--generations", inherit=True)
+    local_groups: int = option(4, "I: local groups per round", flag="--local", inherit=True, min=1)
+    external_groups: int = option(4, "J: external groups per round", flag="--external", inherit=True, min=0)
+    num_generations: int = option(8, "G: completions per question", flag="--generations", inherit=True, min=2, max=64)
     max_new_tokens: int = option(
         0, "tokens per completion (0: the model's default: 1 for built-in tiny models, 32 smollm2-135m, else 64)",
-        inherit=True,
+        inherit=True, min=0, max=4096,
     )  # fmt: skip
-    temperature: float = option(1.0, "sampling temperature", inherit=True)
+    temperature: float = option(1.0, "sampling temperature", inherit=True, min=0, max=100)
     learning_rate: float | None = option(
         None,
         "learning rate (default: the model's: 1e-3 tiny, 2e-6 smollm2-135m, 2e-5 with --adapter lora)",
         flag="--lr",
         inherit=True,
+        above=0,
+        below=1,
     )
     sampling: str = option(
         "advantage",
@@ -120,15 +132,15 @@ class NodeOptions:
     max_source_share: float = option(
         0.5, "most rows one peer may supply to a training step, as a share of this node's own rows (I x G); with "
         "each peer group cut to G completions and its mean |advantage| at most 1, it bounds that peer's share of "
-        "the step's advantage mass too", inherit=True,
+        "the step's advantage mass too", inherit=True, above=0, max=16,
     )  # fmt: skip
     min_token_logp: float | None = option(
         None, "likelihood filter: drop a peer's completion whose mean token log-prob here is below this (e.g. -5)",
-        group=OFFPOLICY, flag="--external-min-logp", inherit=True,
+        group=OFFPOLICY, flag="--external-min-logp", inherit=True, below=0,
     )  # fmt: skip
     is_cap: float = option(
         0.0, "truncated importance weight of a peer's completion: min(p_here / p_publisher, cap); 0: off",
-        group=OFFPOLICY, flag="--external-is-cap", inherit=True,
+        group=OFFPOLICY, flag="--external-is-cap", inherit=True, min=0, max=100,
     )  # fmt: skip
     baseline: str = option(
         "receiver", "baseline of peers' groups: group (their mean) or receiver (this node's mean reward on the family)",
@@ -140,7 +152,7 @@ class NodeOptions:
         inherit=True,
     )
     micro_batch_size: int = option(
-        0, "completions per forward/backward pass (0: the model's default)", flag="--micro-batch", inherit=True
+        0, "completions per forward/backward pass (0: the model's default)", flag="--micro-batch", inherit=True, min=0
     )
     diagnose_groups: bool = option(
         False, "record per round and source what training used (log-probs, weights, gradient shares)",
@@ -151,9 +163,13 @@ class NodeOptions:
         "memory; only the adapters are checkpointed and averaged)", group=ADAPTER, inherit=True,
         choices=("none", "lora"),
     )  # fmt: skip
-    lora_rank: int = option(16, "rank r of each adapter", group=ADAPTER, inherit=True)
-    lora_alpha: int = option(32, "adapter scale: its update is multiplied by alpha / r", group=ADAPTER, inherit=True)
-    lora_dropout: float = option(0.0, "dropout on the adapters' input in training passes", group=ADAPTER, inherit=True)
+    lora_rank: int = option(16, "rank r of each adapter", group=ADAPTER, inherit=True, min=1, max=4096)
+    lora_alpha: int = option(
+        32, "adapter scale: its update is multiplied by alpha / r", group=ADAPTER, inherit=True, min=1, max=65536
+    )
+    lora_dropout: float = option(
+        0.0, "dropout on the adapters' input in training passes", group=ADAPTER, inherit=True, min=0, below=1
+    )
     lora_targets: str = option(
         "", "comma list of module names to adapt (default: the attention and MLP projections the model has: "
         "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj on Llama-family, c_attn,c_proj,c_fc on GPT-2)",
@@ -169,6 +185,8 @@ class NodeOptions:
         "ingested later",
         flag="--network-wait",
         inherit=True,
+        min=0,
+        max=60,
     )
     min_generate_s: float = option(
         0.0,
@@ -176,6 +194,8 @@ class NodeOptions:
         "model would, so a local swarm of tiny models keeps a real swarm's round length (0: off)",
         flag="--min-generate",
         inherit=True,
+        min=0,
+        max=3600,
     )
     log_dir: str = option("runs", "metrics go to <log-dir>/<peer-short-id>/metrics.jsonl")
     device: str = option(
@@ -184,9 +204,9 @@ class NodeOptions:
         inherit=True,
         choices=("auto", "cpu", "cuda", "mps"),
     )
-    max_threads: int = option(0, "cap torch CPU threads (0: torch default)")
+    max_threads: int = option(0, "cap torch CPU threads (0: torch default)", min=0)
     verbose: int = option(0, "more log detail (-vv for debug)", short="-v", count=True, inherit=True)
-    sync_every: int = option(0, "rounds between outer syncs (H); 0 turns sync off", group=SYNC, inherit=True)
+    sync_every: int = option(0, "rounds between outer syncs (H); 0 turns sync off", group=SYNC, inherit=True, min=0)
     sync_period_s: float = option(
         0.0,
         "sync on a shared clock instead: every peer of an architecture starts a sync at each multiple of this many "
@@ -194,6 +214,8 @@ class NodeOptions:
         group=SYNC,
         flag="--sync-period",
         inherit=True,
+        min=1,
+        or_zero=True,
     )
     eager: bool = option(
         True, "training waits for each sync (default: it runs beside training, applied one step late)", group=SYNC,
@@ -201,10 +223,10 @@ class NodeOptions:
     )  # fmt: skip
     matchmaking_timeout_s: float = option(
         5.0, "gather window: peers arriving within it form a group (s)", group=SYNC, flag="--sync-window",
-        inherit=True,
+        inherit=True, above=0,
     )  # fmt: skip
     allreduce_timeout_s: float = option(
-        60.0, "bound on one sync's all-reduce (s)", group=SYNC, flag="--sync-timeout", inherit=True
+        60.0, "bound on one sync's all-reduce (s)", group=SYNC, flag="--sync-timeout", inherit=True, min=5
     )
     compression: str = option(
         "none", "wire encoding of the all-reduce", group=SYNC, flag="--sync-compression", inherit=True,
@@ -218,9 +240,14 @@ class NodeOptions:
         flag="--sync-stream-only",
         inherit=True,
     )
-    outer_lr: float = option(0.7, "outer Nesterov SGD learning rate", group=SYNC, inherit=True)
+    outer_lr: float = option(0.7, "outer Nesterov SGD learning rate", group=SYNC, inherit=True, above=0)
     outer_momentum: float = option(
-        0.9, "outer SGD momentum (0 with --outer-lr 1: the outer step is plain averaging)", group=SYNC, inherit=True
+        0.9,
+        "outer SGD momentum (0 with --outer-lr 1: the outer step is plain averaging)",
+        group=SYNC,
+        inherit=True,
+        min=0,
+        below=1,
     )
     aggregator: str = option(
         "centered_clip",
@@ -233,24 +260,26 @@ class NodeOptions:
     )
     eval_every: int = option(
         0, "rounds between held-out evaluations, also run before the first round and after the last (0: off)",
-        group=EVAL, inherit=True,
+        group=EVAL, inherit=True, min=0,
     )  # fmt: skip
-    eval_items: int = option(64, "held-out questions per task family", group=EVAL, inherit=True)
+    eval_items: int = option(64, "held-out questions per task family", group=EVAL, inherit=True, min=1, max=4096)
     eval_samples: int = option(
         8, "sampled completions per held-out question, for the mean reward beside greedy accuracy (0: greedy only)",
-        group=EVAL, inherit=True,
+        group=EVAL, inherit=True, min=0, max=64,
     )  # fmt: skip
     eval_timeout_s: float = option(
         60.0, "longest one evaluation runs (s); past it the scores cover the questions done", group=EVAL,
-        flag="--eval-timeout", inherit=True,
+        flag="--eval-timeout", inherit=True, above=0,
     )  # fmt: skip
     checkpoint_every: int = option(
-        50, "rounds between checkpoints (also written on leave); 0: off", group=CHECKPOINTS, inherit=True
+        50, "rounds between checkpoints (also written on leave); 0: off", group=CHECKPOINTS, inherit=True, min=0
     )
     resume: bool = option(
         False, "continue from the latest intact checkpoint in the log dir", group=CHECKPOINTS, inherit=True
     )
-    dashboard_port: int | None = option(None, "serve the live dashboard on this port (0: any)", group=DASHBOARD)
+    dashboard_port: int | None = option(
+        None, "serve the live dashboard on this port (0: any)", group=DASHBOARD, min=0, max=65535
+    )
     dashboard_host: str = option("127.0.0.1", "dashboard bind address (0.0.0.0: your network)", group=DASHBOARD)
     identity: str = option(DEFAULT_IDENTITY, "Ed25519 key file (created if missing)", group=NETWORK)
     host_port: str | None = option(
@@ -265,7 +294,7 @@ class NodeOptions:
     use_auto_relay: bool = option(
         False, "find a relay to be reachable through (behind NAT)", group=NETWORK, flag="--auto-relay"
     )
-    bootstrap_attempts: int = option(4, "tries to reach --peer (backoff 1 s, doubling)", group=NETWORK)
+    bootstrap_attempts: int = option(4, "tries to reach --peer (backoff 1 s, doubling)", group=NETWORK, min=1)
     swarm_id: str = option("swarm-node", "swarm name; keys are namespaced by it", group=NETWORK, inherit=True)
     ready_file: str | None = option(None, "write peer id and addresses here once up (for local)", hidden=True)
     hold: bool = option(False, "after the last round keep serving rollouts until stopped", hidden=True)
@@ -283,13 +312,17 @@ class JoinOptions(NodeOptions):
 class LocalOptions(NodeOptions):
     """``local``: N nodes on this machine; some node defaults differ (a short run, its own folder, a dashboard)."""
 
-    rounds: int = option(20, "rounds to run", inherit=True)
+    rounds: int = option(20, "rounds to run", inherit=True, min=1)
     log_dir: str = option("runs/local", "each node's metrics go to <log-dir>/<peer-short-id>/metrics.jsonl")
-    dashboard_port: int | None = option(8765, "serve the swarm dashboard on this port (0: any)", group=DASHBOARD)
-    nodes: int = option(4, "number of node processes", group="local swarm")
-    isolated: int = option(0, "run the last K nodes with --external 0 (side-by-side baseline)", group="local swarm")
+    dashboard_port: int | None = option(
+        8765, "serve the swarm dashboard on this port (0: any)", group=DASHBOARD, min=0, max=65535
+    )
+    nodes: int = option(4, "number of node processes", group="local swarm", min=1, max=64)
+    isolated: int = option(
+        0, "run the last K nodes with --external 0 (side-by-side baseline)", group="local swarm", min=0
+    )
     models: str = option("", "comma-separated models assigned round-robin to nodes", group="local swarm")
-    round_timeout: float = option(120.0, "give up if no node progresses this long (s)", group="local swarm")
+    round_timeout: float = option(120.0, "give up if no node progresses this long (s)", group="local swarm", above=0)
     no_dashboard: bool = option(False, "do not serve the swarm dashboard", group="local swarm")
     fresh_processes: bool = option(
         False,
@@ -354,6 +387,55 @@ def default_of(cls: type[NodeOptions], name: str) -> Any:
         if f.name == name:
             return None if f.default is MISSING else f.default
     raise KeyError(name)
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def range_error(f: Any, value: Any) -> str | None:
+    """Why ``value`` lies outside option ``f``'s range, in one sentence naming its flag; None if inside.
+
+    >>> f = next(f for f in option_fields(NodeOptions) if f.name == "sync_period_s")
+    >>> range_error(f, 0.5), range_error(f, 0.0)
+    ('--sync-period must be 0 or >= 1, got 0.5', None)
+    """
+    meta = f.metadata
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if meta.get("or_zero") and value == 0:
+        return None
+    rules = [("above", ">", operator.gt), ("min", ">=", operator.ge), ("below", "<", operator.lt)]
+    rules.append(("max", "<=", operator.le))
+    bounds = [(meta[key], word, test) for key, word, test in rules if meta.get(key) is not None]
+    if all(test(value, bound) for bound, _, test in bounds):  # NaN fails every bound
+        return None
+    rule = " and ".join(f"{word} {_number(bound)}" for bound, word, _ in bounds)
+    return f"{flag_of(f)} must be {'0 or ' if meta.get('or_zero') else ''}{rule}, got {_number(value)}"
+
+
+def check_options(opts: NodeOptions) -> None:
+    """Every option's range, then the checks across options: the first problem as a ValueError naming the flag.
+
+    Standard library only, so the command line refuses bad input before torch loads.
+    """
+    for f in option_fields(type(opts)):
+        problem = range_error(f, getattr(opts, f.name))
+        if problem:
+            raise ValueError(problem)
+    if opts.max_source_share * opts.local_groups < 1:
+        raise ValueError(
+            f"--max-source-share {opts.max_source_share:g} with --local {opts.local_groups} lets a peer supply less "
+            f"than one group, so no peer's group would be trained on; use at least {1 / opts.local_groups:g}"
+        )
+    if opts.adapter == "none":
+        for name in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"):
+            value = getattr(opts, name)
+            if value != default_of(NodeOptions, name):
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} {value} has no effect without --adapter lora; add --adapter lora or drop it")
+    if isinstance(opts, LocalOptions) and opts.isolated > opts.nodes:
+        raise ValueError(f"--isolated {opts.isolated}: use 0 to {opts.nodes} (the number of nodes)")
 
 
 def options_from(cls: type[NodeOptions], values: Any) -> NodeOptions:

@@ -82,9 +82,9 @@ def test_a_sync_period_turns_the_shared_clock_on_and_bad_sync_flags_name_the_fix
     assert got == (30, False, 2, 20)
     assert node_configs(NodeOptions(), "", 0)[1].sync is None
     for bad, fix in (
-        (NodeOptions(sync_period_s=0.5), "--sync-period 0.5: use 0"),
-        (NodeOptions(sync_every=4, matchmaking_timeout_s=0), "--sync-window 0: use a positive"),
-        (NodeOptions(sync_every=4, allreduce_timeout_s=1), "--sync-timeout 1: use at least 5"),
+        (NodeOptions(sync_period_s=0.5), "--sync-period must be 0 or >= 1, got 0.5"),
+        (NodeOptions(sync_every=4, matchmaking_timeout_s=0), "--sync-window must be > 0, got 0"),
+        (NodeOptions(sync_every=4, allreduce_timeout_s=1), "--sync-timeout must be >= 5, got 1"),
     ):
         with pytest.raises(ValueError, match=fix):
             node_configs(bad, "", 0)
