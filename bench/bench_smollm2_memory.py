@@ -145,7 +145,7 @@ def train_loop(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.monotonic()
     model, tok, mid = load_model(args.model, seed=0, device="cpu")
     if args.adapter != "none":
-        model = attach_adapter(model, AdapterConfig(kind=args.adapter), seed=0)
+        model = attach_adapter(model, AdapterConfig(adapter=args.adapter), seed=0)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     policy = Policy(model, tok, mid)
     grpo = GRPOConfig(args.lr, micro_batch_size=args.micro_batch, gradient_checkpointing=args.gradient_checkpointing)

@@ -56,7 +56,7 @@ def run(model_name: str, tasks: list[str], setting: dict[str, float], rounds: in
     points, t0 = [], time.perf_counter()
     for rnd in range(rounds + 1):
         if rnd % max(1, rounds // 5) == 0 or rnd == rounds:
-            e = evaluate(policy, families, sets, gen, EvalConfig(samples=4))
+            e = evaluate(policy, families, sets, gen, EvalConfig(eval_samples=4))
             points.append(f"{rnd}:{e.accuracy:.2f}/{e.sample_reward or 0:.2f}")
         if rnd == rounds:
             break

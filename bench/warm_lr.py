@@ -35,7 +35,7 @@ def run(model_name: str, tasks: list[str], lr: float, steps: int) -> str:
     points, loss, t0 = [], float("nan"), time.perf_counter()
     for step in range(steps + 1):
         if step % max(1, steps // 5) == 0 or step == steps:
-            e = evaluate(policy, families, sets, GenerationConfig(max_new_tokens=1), EvalConfig(samples=0))
+            e = evaluate(policy, families, sets, GenerationConfig(max_new_tokens=1), EvalConfig(eval_samples=0))
             points.append(f"{step}:{e.accuracy:.2f}")
         if step == steps:
             break

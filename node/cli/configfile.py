@@ -123,10 +123,8 @@ def _toml_value(value: Any) -> str:
 
 def _example(action: argparse.Action) -> str | None:
     """The default as a TOML value, or None for an option that is unset by default (no value means that)."""
-    if isinstance(action, argparse._StoreTrueAction):
-        return "false"
-    if isinstance(action, argparse._StoreFalseAction):
-        return "true"
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        return "false"  # a switch's key says whether its flag is given
     if action.default is None:
         return None
     return _toml_value(action.default)

@@ -82,8 +82,8 @@ def run_eval(args: argparse.Namespace) -> int:
     loaded = _load(args, checkpoint)
     max_new = args.max_new_tokens or recommended_defaults(args.model).max_new_tokens
     generation = GenerationConfig(temperature=args.temperature, top_p=1.0, max_new_tokens=max_new)
-    cfg = EvalConfig(every=0, items=args.items, samples=args.samples, timeout_s=args.timeout)
-    sets = eval_sets(families, cfg.items)
+    cfg = EvalConfig(eval_every=0, eval_items=args.items, eval_samples=args.samples, eval_timeout_s=args.timeout)
+    sets = eval_sets(families, cfg.eval_items)
     logger.info("scoring %d held-out questions of %s", sum(map(len, sets.values())), ",".join(sets))
     result = evaluate(loaded.policy, families, sets, generation, cfg)
     scored = _scored_per_family({k: len(v) for k, v in sets.items()}, result.items)
@@ -219,9 +219,7 @@ def _restore_adapter(model: Any, identity: str, weights: dict[str, Any], file: P
         raise CliError(f"--checkpoint {file} holds an adapter ({identity}) whose settings are not recorded in a form "
                        "this version reads; evaluate it with the swarm-node version that wrote it")  # fmt: skip
     try:
-        cfg = AdapterConfig(
-            match["kind"], int(match["rank"]), int(match["alpha"]), 0.0, tuple(match["targets"].split(","))
-        )
+        cfg = AdapterConfig(match["kind"], int(match["rank"]), int(match["alpha"]), 0.0, match["targets"])
         model = attach_adapter(model, cfg, seed=0)  # the adapters' init is overwritten by the checkpoint's
     except ValueError as e:
         raise CliError(f"--checkpoint {file}: its adapter ({identity}) does not fit --model ({e})") from None

@@ -55,8 +55,9 @@ def add_option_flags(parser: argparse.ArgumentParser, cls: type[NodeOptions]) ->
             common["choices"] = meta["choices"]
         if meta["count"]:
             target.add_argument(*names, action="count", default=f.default, **common)
-        elif annotation is bool:
-            target.add_argument(*names, action="store_true", default=f.default, **common)
+        elif annotation is bool:  # the flag sets the opposite of the default
+            action = "store_false" if f.default else "store_true"
+            target.add_argument(*names, action=action, default=f.default, **common)
         elif typing.get_origin(annotation) is tuple:
             target.add_argument(*names, action="append", default=[], **common)
         else:

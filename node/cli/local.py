@@ -52,7 +52,8 @@ class Child:
         return short_id(self.peer_id)
 
 
-def _models(args: argparse.Namespace) -> list[str]:
+def node_models(args: argparse.Namespace) -> list[str]:
+    """The model of each node, round-robin: --models, else --model if given, else a mix of the tiny built-ins."""
     if args.models:
         return [m.strip() for m in args.models.split(",") if m.strip()]
     if args.model != default_of(LocalOptions, "model"):  # the user named one model: use it everywhere
@@ -60,20 +61,26 @@ def _models(args: argparse.Namespace) -> list[str]:
     return list(DEFAULT_LOCAL_MODELS)
 
 
-def _spawn(
-    args: argparse.Namespace, i: int, model: str, log_dir: Path, peers: list[str], server: ForkServer | None
-) -> Child:
-    key = log_dir / "keys" / f"node{i}.key"
-    identity = load_or_create(key)
+def child_argv(args: argparse.Namespace, i: int, model: str, log_dir: Path, peers: list[str]) -> list[str]:
+    """The command line of node ``i`` (without ``python -m node``): the inherited options, then its own."""
     cmd = ["join" if peers else "start"]
     for p in peers:
         cmd += ["--peer", p]
+    key = log_dir / "keys" / f"node{i}.key"
     cmd += [*node_args_to_list(args), "--model", model, "--identity", str(key), "--log-dir", str(log_dir)]
     cmd += ["--host-port", "127.0.0.1:0", "--max-threads", str(args.max_threads or 1), "--hold"]
     cmd += ["--seed", str(args.seed + i), "--ready-file", str(log_dir / f"node{i}.ready")]
     cmd += ["--go-file", str(log_dir / "go")]
     if i >= args.nodes - args.isolated:
         cmd += ["--external", "0"]
+    return cmd
+
+
+def _spawn(
+    args: argparse.Namespace, i: int, model: str, log_dir: Path, peers: list[str], server: ForkServer | None
+) -> Child:
+    identity = load_or_create(log_dir / "keys" / f"node{i}.key")
+    cmd = child_argv(args, i, model, log_dir, peers)
     log = open(log_dir / f"node{i}.log", "w")  # noqa: SIM115 - closed in _stop_all
     proc: subprocess.Popen[bytes] | ForkedNode
     if server is None:
@@ -128,19 +135,14 @@ def _stop_all(children: list[Child]) -> None:
 
 
 def run_local(args: argparse.Namespace) -> int:
-    if not 1 <= args.nodes <= 64:
-        raise CliError(f"--nodes {args.nodes}: use 1-64 nodes")
-    if not 0 <= args.isolated <= args.nodes:
-        raise CliError(f"--isolated {args.isolated}: use 0 to {args.nodes} (the number of nodes)")
-    if args.rounds < 1:
-        raise CliError(f"--rounds {args.rounds}: a local run needs at least 1 round")
+    # the options' ranges (--nodes, --isolated, --rounds) are checked as they are parsed (node.cli.main)
     log_dir = Path(args.log_dir)
     (log_dir / "keys").mkdir(parents=True, exist_ok=True)
     for stale in [*log_dir.glob("node*.ready"), log_dir / "go"]:
         stale.unlink(missing_ok=True)
-    models = _models(args)
+    models = node_models(args)
     warning = sync_partner_warning(
-        args.sync_every, args.rounds, [models[i % len(models)] for i in range(args.nodes)], args.sync_period
+        args.sync_every, args.rounds, [models[i % len(models)] for i in range(args.nodes)], args.sync_period_s
     )
     if warning:
         print(f"swarm-node local: warning: {warning}", file=sys.stderr, flush=True)

@@ -17,7 +17,15 @@ from typing import Any, NoReturn
 from node.cli.errors import EXIT_USAGE, CliError
 from node.cli.flags import add_option_flags
 from node.cli.signals import install_stop_handlers
-from node.core.options import JoinOptions, LocalOptions, NodeOptions, default_of, options_from, to_argv
+from node.core.options import (
+    JoinOptions,
+    LocalOptions,
+    NodeOptions,
+    check_options,
+    default_of,
+    options_from,
+    to_argv,
+)
 
 
 def _add_common(p: argparse.ArgumentParser, cls: type[NodeOptions]) -> None:
@@ -92,6 +100,8 @@ COMMANDS = {
 
 
 NODE_COMMANDS = ("start", "join", "local")
+OPTIONS: dict[str, type[NodeOptions]] = {"start": NodeOptions, "join": JoinOptions, "local": LocalOptions}
+"""The options of each node command: their ranges are checked as they are parsed, from flags or a file."""
 """Commands that run until stopped: signals are handled by :mod:`node.cli.signals` from the first moment."""
 
 
@@ -108,6 +118,11 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
                 setattr(args, dest, value)
     if args.command == "join" and not args.peer:
         raise CliError("join needs at least one --peer MULTIADDR (or peer = [...] in the config file)")
+    if args.command in OPTIONS:
+        try:
+            check_options(options_from(OPTIONS[args.command], args))
+        except ValueError as e:
+            raise CliError(str(e)) from None
     return args
 
 

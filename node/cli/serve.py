@@ -131,7 +131,7 @@ def run_node(args: argparse.Namespace) -> int:
     """Start (or join), run the configured rounds, then leave cleanly."""
     signals = stop_signals(args, starting=True)
     warning = sync_partner_warning(
-        args.sync_every, args.rounds, sync_period=args.sync_period
+        args.sync_every, args.rounds, sync_period=args.sync_period_s
     )  # others' models are unknown here
     if warning:
         print(f"swarm-node: warning: {warning}", file=sys.stderr, flush=True)

@@ -35,12 +35,14 @@ class CheckpointError(Exception):
 class CheckpointConfig:
     """When the node writes checkpoints and whether it starts from one."""
 
-    every: int = field(default=50, metadata={"help": "Write a checkpoint every K rounds (and on leave); 0 = never."})
+    checkpoint_every: int = field(
+        default=50, metadata={"help": "Write a checkpoint every K rounds (and on leave); 0 = never."}
+    )
     resume: bool = field(default=False, metadata={"help": "Start from the latest intact checkpoint if there is one."})
 
     def __post_init__(self) -> None:
-        if self.every < 0:
-            raise ValueError(f"--checkpoint-every {self.every}: use 0 (off) or a positive number of rounds")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint-every {self.checkpoint_every}: use 0 (off) or a positive number of rounds")
 
 
 def encode(state: dict[str, Any]) -> bytes:

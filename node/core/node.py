@@ -132,7 +132,9 @@ class Node:
         self.families = {n: build_task(n) for n in names}
         self.task_mix = TaskMix(list(self.families.values()), seed=self.cfg.seed)
         warm_start(self.policy, self.families, self.cfg.warm_start_steps)
-        self.eval_sets = eval_sets(self.families, self.parts.evaluation.items) if self.parts.evaluation.every else {}
+        self.eval_sets = (
+            eval_sets(self.families, self.parts.evaluation.eval_items) if self.parts.evaluation.eval_every else {}
+        )
         self.acceptance = self._acceptance()
         self._digest_start = params_digest(model)
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
@@ -237,7 +239,7 @@ class Node:
         self.sync, self.exchange, self.links, self.metrics, self.network = None, None, None, None, None
 
     def _final_checkpoint(self) -> None:
-        if not self.parts.checkpoint.every or self.round == self._checkpointed or self.round == 0:
+        if not self.parts.checkpoint.checkpoint_every or self.round == self._checkpointed or self.round == 0:
             return
         try:
             self.save_checkpoint()
@@ -299,7 +301,7 @@ class Node:
         evaluated = self._maybe_evaluate()
         record = self._record(local, external, collected, n_dropped, stats, t0, phases, evaluated)
         self._log_progress(record, sync)
-        every = self.parts.checkpoint.every
+        every = self.parts.checkpoint.checkpoint_every
         # a checkpoint right after the outer state moved: a crash that restored an older revision would
         # make this node extend that one again, forking the group's history
         if every and (self.round % every == 0 or self._outer_moved):

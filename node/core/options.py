@@ -9,14 +9,17 @@ keys of the config file and the file ``swarm-node init`` writes), and
 
 This module imports only the standard library, so parsing the command line
 (and every one-sentence error) stays fast. Where an option feeds a
-component's config, its default must be that component's default:
-:func:`node.core.assemble.node_configs` builds the components, and
-``tests/node/test_options.py`` checks that the default options give exactly
-the components' own defaults.
+component's config it carries that config field's name (the flag keeps the
+user's word, e.g. ``--sync-window`` for ``matchmaking_timeout_s``) and its
+default: :func:`node.core.assemble.node_configs` builds the components by
+matching names, and ``tests/node/test_options.py`` checks that every option
+feeds a field of its name and that the default options give exactly the
+components' own defaults.
 """
 
 from __future__ import annotations
 
+import operator
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
@@ -42,18 +45,30 @@ def option(
     hidden: bool = False,
     inherit: bool = False,
     choices: tuple[str, ...] = (),
+    min: float | None = None,
+    max: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    or_zero: bool = False,
 ) -> Any:
     """A dataclass field that is also a CLI flag.
 
-    ``flag`` overrides the spelling (default ``--field-name``); ``count`` makes a
-    repeatable switch (``-vv``); ``hidden`` flags are internal (not in help or
-    config files); ``inherit`` marks options that ``local`` hands to every child
-    node. A ``bool`` field is a switch; a ``tuple[str, ...]`` field is a
-    repeatable flag. ``choices`` are the only values the flag takes (argparse
-    refuses any other before anything heavy is imported).
+    The field is named as the component config field it feeds (the node's
+    assembly matches them by name); ``flag`` is the user's spelling where it
+    differs (default ``--field-name``). ``count`` makes a repeatable switch
+    (``-vv``); ``hidden`` flags are internal (not in help or config files);
+    ``inherit`` marks options that ``local`` hands to every child node. A
+    ``bool`` field is a switch that sets the opposite of its default (so
+    ``--wait-network`` turns ``overlap_network`` off); a ``tuple[str, ...]``
+    field is a repeatable flag. ``choices`` are the only values the flag takes
+    (argparse refuses any other before anything heavy is imported). A number's
+    range is ``min``/``max`` (inclusive) and ``above``/``below`` (exclusive);
+    ``or_zero`` also admits 0 (off). :func:`check_options` checks them as the
+    command line is parsed, before anything heavy is imported.
     """
     meta = {"help": help, "group": group, "flag": flag, "short": short, "count": count}
     meta |= {"hidden": hidden, "inherit": inherit, "choices": choices}
+    meta |= {"min": min, "max": max, "above": above, "below": below, "or_zero": or_zero}
     return field(default=default, metadata=meta)
 
 
@@ -66,41 +81,46 @@ class NodeOptions:
     """The options of every node command (``start``, ``join``, ``local``)."""
 
     model: str = option(DEFAULT_MODEL, "built-in model name or local HF model folder")
-    task: tuple[str, ...] = option(
+    tasks: tuple[str, ...] = option(
         (),
         "task family (repeatable; default: the model's: the tiny built-ins for a tiny model, the reasoning-gym "
         "families where it gets a learning signal for a real LM)",
+        flag="--task",
         inherit=True,
     )
-    accept_task: tuple[str, ...] = option(
-        (), "task family learned from peers' groups without generating it (repeatable)", inherit=True
-    )
+    accept_tasks: tuple[str, ...] = option(
+        (), "task family learned from peers' groups without generating it (repeatable)", flag="--accept-task",
+        inherit=True,
+    )  # fmt: skip
     accept_tokens: int = option(
-        0, "longest peer completion accepted, in this model's tokens (0: its own --max-new-tokens)", inherit=True
+        0, "longest peer completion accepted, in this model's tokens (0: its own --max-new-tokens)", inherit=True, min=0
     )
     seed: int = option(
         0,
         "seed for sampling, generation and the initial weights (with the outer sync on, every peer of one model "
         "starts from the same weights)",
     )
-    rounds: int = option(0, "rounds to run; 0 runs until stopped", inherit=True)
-    warm_start: int = option(
+    rounds: int = option(0, "rounds to run; 0 runs until stopped", inherit=True, min=0)
+    warm_start_steps: int = option(
         0, "supervised steps on gold answers before the first round, the same on every node (a stand-in for "
         "a pretrained model: all nodes of one model and task set start from one prior); 0: off",
-        inherit=True,
+        flag="--warm-start", inherit=True, min=0, max=100_000,
     )  # fmt: skip
-    local_groups: int = option(4, "I: local groups per round", flag="--local", inherit=True)
-    external_groups: int = option(4, "J: external groups per round", flag="--external", inherit=True)
-    generations: int = option(8, "G: completions per question", inherit=True)
+    local_groups: int = option(4, "I: local groups per round", flag="--local", inherit=True, min=1)
+    external_groups: int = option(4, "J: external groups per round", flag="--external", inherit=True, min=0)
+    num_generations: int = option(8, "G: completions per question", flag="--generations", inherit=True, min=2, max=64)
     max_new_tokens: int = option(
         0, "tokens per completion (0: the model's default: 1 for built-in tiny models, 32 smollm2-135m, else 64)",
-        inherit=True,
+        inherit=True, min=0, max=4096,
     )  # fmt: skip
-    temperature: float = option(1.0, "sampling temperature", inherit=True)
-    lr: float | None = option(
+    temperature: float = option(1.0, "sampling temperature", inherit=True, min=0, max=100)
+    learning_rate: float | None = option(
         None,
         "learning rate (default: the model's: 1e-3 tiny, 2e-6 smollm2-135m, 2e-5 with --adapter lora)",
+        flag="--lr",
         inherit=True,
+        above=0,
+        below=1,
     )
     sampling: str = option(
         "advantage",
@@ -112,26 +132,28 @@ class NodeOptions:
     max_source_share: float = option(
         0.5, "most rows one peer may supply to a training step, as a share of this node's own rows (I x G); with "
         "each peer group cut to G completions and its mean |advantage| at most 1, it bounds that peer's share of "
-        "the step's advantage mass too", inherit=True,
+        "the step's advantage mass too", inherit=True, above=0, max=16,
     )  # fmt: skip
-    external_min_logp: float | None = option(
+    min_token_logp: float | None = option(
         None, "likelihood filter: drop a peer's completion whose mean token log-prob here is below this (e.g. -5)",
-        group=OFFPOLICY, inherit=True,
+        group=OFFPOLICY, flag="--external-min-logp", inherit=True, below=0,
     )  # fmt: skip
-    external_is_cap: float = option(
+    is_cap: float = option(
         0.0, "truncated importance weight of a peer's completion: min(p_here / p_publisher, cap); 0: off",
-        group=OFFPOLICY, inherit=True,
+        group=OFFPOLICY, flag="--external-is-cap", inherit=True, min=0, max=100,
     )  # fmt: skip
-    external_baseline: str = option(
+    baseline: str = option(
         "receiver", "baseline of peers' groups: group (their mean) or receiver (this node's mean reward on the family)",
-        group=OFFPOLICY, inherit=True, choices=("group", "receiver"),
+        group=OFFPOLICY, flag="--external-baseline", inherit=True, choices=("group", "receiver"),
     )  # fmt: skip
     gradient_checkpointing: bool = option(
         False,
         "recompute activations in the backward pass: less memory for a real LM, ~1/3 more training time",
         inherit=True,
     )
-    micro_batch: int = option(0, "completions per forward/backward pass (0: the model's default)", inherit=True)
+    micro_batch_size: int = option(
+        0, "completions per forward/backward pass (0: the model's default)", flag="--micro-batch", inherit=True, min=0
+    )
     diagnose_groups: bool = option(
         False, "record per round and source what training used (log-probs, weights, gradient shares)",
         group=OFFPOLICY, inherit=True,
@@ -141,28 +163,39 @@ class NodeOptions:
         "memory; only the adapters are checkpointed and averaged)", group=ADAPTER, inherit=True,
         choices=("none", "lora"),
     )  # fmt: skip
-    lora_rank: int = option(16, "rank r of each adapter", group=ADAPTER, inherit=True)
-    lora_alpha: int = option(32, "adapter scale: its update is multiplied by alpha / r", group=ADAPTER, inherit=True)
-    lora_dropout: float = option(0.0, "dropout on the adapters' input in training passes", group=ADAPTER, inherit=True)
+    lora_rank: int = option(16, "rank r of each adapter", group=ADAPTER, inherit=True, min=1, max=4096)
+    lora_alpha: int = option(
+        32, "adapter scale: its update is multiplied by alpha / r", group=ADAPTER, inherit=True, min=1, max=65536
+    )
+    lora_dropout: float = option(
+        0.0, "dropout on the adapters' input in training passes", group=ADAPTER, inherit=True, min=0, below=1
+    )
     lora_targets: str = option(
         "", "comma list of module names to adapt (default: the attention and MLP projections the model has: "
         "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj on Llama-family, c_attn,c_proj,c_fc on GPT-2)",
         group=ADAPTER, inherit=True,
     )  # fmt: skip
-    wait_network: bool = option(
-        False, "each round waits for its own publish and collect (default: they run beside the rounds)", inherit=True
-    )
-    network_wait: float = option(
+    overlap_network: bool = option(
+        True, "each round waits for its own publish and collect (default: they run beside the rounds)",
+        flag="--wait-network", inherit=True,
+    )  # fmt: skip
+    network_wait_s: float = option(
         0.05,
         "longest a round waits for the collect it started (s; at most its own generation time); a slower one is "
         "ingested later",
+        flag="--network-wait",
         inherit=True,
+        min=0,
+        max=60,
     )
-    min_generate: float = option(
+    min_generate_s: float = option(
         0.0,
         "shortest a round's generation lasts (s): a faster node waits out the rest before sharing, as a bigger "
         "model would, so a local swarm of tiny models keeps a real swarm's round length (0: off)",
+        flag="--min-generate",
         inherit=True,
+        min=0,
+        max=3600,
     )
     log_dir: str = option("runs", "metrics go to <log-dir>/<peer-short-id>/metrics.jsonl")
     device: str = option(
@@ -171,65 +204,82 @@ class NodeOptions:
         inherit=True,
         choices=("auto", "cpu", "cuda", "mps"),
     )
-    max_threads: int = option(0, "cap torch CPU threads (0: torch default)")
+    max_threads: int = option(0, "cap torch CPU threads (0: torch default)", min=0)
     verbose: int = option(0, "more log detail (-vv for debug)", short="-v", count=True, inherit=True)
-    sync_every: int = option(0, "rounds between outer syncs (H); 0 turns sync off", group=SYNC, inherit=True)
-    sync_period: float = option(
+    sync_every: int = option(0, "rounds between outer syncs (H); 0 turns sync off", group=SYNC, inherit=True, min=0)
+    sync_period_s: float = option(
         0.0,
         "sync on a shared clock instead: every peer of an architecture starts a sync at each multiple of this many "
         "seconds of wall time, so peers of different speeds meet (turns the sync on; e.g. 60)",
         group=SYNC,
+        flag="--sync-period",
         inherit=True,
+        min=1,
+        or_zero=True,
     )
-    sync_blocking: bool = option(
-        False, "training waits for each sync (default: it runs beside training, applied one step late)", group=SYNC,
-        inherit=True,
+    eager: bool = option(
+        True, "training waits for each sync (default: it runs beside training, applied one step late)", group=SYNC,
+        flag="--sync-blocking", inherit=True,
     )  # fmt: skip
-    sync_window: float = option(
-        5.0, "gather window: peers arriving within it form a group (s)", group=SYNC, inherit=True
+    matchmaking_timeout_s: float = option(
+        5.0, "gather window: peers arriving within it form a group (s)", group=SYNC, flag="--sync-window",
+        inherit=True, above=0,
+    )  # fmt: skip
+    allreduce_timeout_s: float = option(
+        60.0, "bound on one sync's all-reduce (s)", group=SYNC, flag="--sync-timeout", inherit=True, min=5
     )
-    sync_timeout: float = option(60.0, "bound on one sync's all-reduce (s)", group=SYNC, inherit=True)
-    sync_compression: str = option(
-        "none", "wire encoding of the all-reduce", group=SYNC, inherit=True, choices=("none", "fp16", "int8")
-    )
-    sync_stream_only: bool = option(
-        False,
+    compression: str = option(
+        "none", "wire encoding of the all-reduce", group=SYNC, flag="--sync-compression", inherit=True,
+        choices=("none", "fp16", "int8"),
+    )  # fmt: skip
+    direct_payloads: bool = option(
+        True,
         "move the all-reduce's bytes on the encrypted P2P streams only (default: on direct TCP connections, "
         "each payload's sha256 checked over the stream; about a third of the CPU, not encrypted)",
         group=SYNC,
+        flag="--sync-stream-only",
         inherit=True,
     )
-    outer_lr: float = option(0.7, "outer Nesterov SGD learning rate", group=SYNC, inherit=True)
+    outer_lr: float = option(0.7, "outer Nesterov SGD learning rate", group=SYNC, inherit=True, above=0)
     outer_momentum: float = option(
-        0.9, "outer SGD momentum (0 with --outer-lr 1: the outer step is plain averaging)", group=SYNC, inherit=True
+        0.9,
+        "outer SGD momentum (0 with --outer-lr 1: the outer step is plain averaging)",
+        group=SYNC,
+        inherit=True,
+        min=0,
+        below=1,
     )
-    sync_aggregator: str = option(
+    aggregator: str = option(
         "centered_clip",
         "how a reducer combines the (norm-clipped) parts: centered_clip, median, trimmed_mean (robust to one "
         "member reversing the group's progress, from 3 members up) or mean",
         group=SYNC,
+        flag="--sync-aggregator",
         inherit=True,
         choices=("mean", "trimmed_mean", "median", "centered_clip"),
     )
     eval_every: int = option(
         0, "rounds between held-out evaluations, also run before the first round and after the last (0: off)",
-        group=EVAL, inherit=True,
+        group=EVAL, inherit=True, min=0,
     )  # fmt: skip
-    eval_items: int = option(64, "held-out questions per task family", group=EVAL, inherit=True)
+    eval_items: int = option(64, "held-out questions per task family", group=EVAL, inherit=True, min=1, max=4096)
     eval_samples: int = option(
         8, "sampled completions per held-out question, for the mean reward beside greedy accuracy (0: greedy only)",
-        group=EVAL, inherit=True,
+        group=EVAL, inherit=True, min=0, max=64,
     )  # fmt: skip
-    eval_timeout: float = option(
-        60.0, "longest one evaluation runs (s); past it the scores cover the questions done", group=EVAL, inherit=True
-    )
+    eval_timeout_s: float = option(
+        60.0, "longest one evaluation runs (s); past it the scores cover the questions done", group=EVAL,
+        flag="--eval-timeout", inherit=True, above=0,
+    )  # fmt: skip
     checkpoint_every: int = option(
-        50, "rounds between checkpoints (also written on leave); 0: off", group=CHECKPOINTS, inherit=True
+        50, "rounds between checkpoints (also written on leave); 0: off", group=CHECKPOINTS, inherit=True, min=0
     )
     resume: bool = option(
         False, "continue from the latest intact checkpoint in the log dir", group=CHECKPOINTS, inherit=True
     )
-    dashboard_port: int | None = option(None, "serve the live dashboard on this port (0: any)", group=DASHBOARD)
+    dashboard_port: int | None = option(
+        None, "serve the live dashboard on this port (0: any)", group=DASHBOARD, min=0, max=65535
+    )
     dashboard_host: str = option("127.0.0.1", "dashboard bind address (0.0.0.0: your network)", group=DASHBOARD)
     identity: str = option(DEFAULT_IDENTITY, "Ed25519 key file (created if missing)", group=NETWORK)
     host_port: str | None = option(
@@ -240,9 +290,11 @@ class NodeOptions:
     )
     announce: tuple[str, ...] = option((), "multiaddr to announce (repeatable)", group=NETWORK)
     client_mode: bool = option(False, "accept no incoming connections (behind NAT)", group=NETWORK)
-    no_relay: bool = option(False, "do not use libp2p circuit relays to reach peers", group=NETWORK)
-    auto_relay: bool = option(False, "find a relay to be reachable through (behind NAT)", group=NETWORK)
-    bootstrap_attempts: int = option(4, "tries to reach --peer (backoff 1 s, doubling)", group=NETWORK)
+    use_relay: bool = option(True, "do not use libp2p circuit relays to reach peers", group=NETWORK, flag="--no-relay")
+    use_auto_relay: bool = option(
+        False, "find a relay to be reachable through (behind NAT)", group=NETWORK, flag="--auto-relay"
+    )
+    bootstrap_attempts: int = option(4, "tries to reach --peer (backoff 1 s, doubling)", group=NETWORK, min=1)
     swarm_id: str = option("swarm-node", "swarm name; keys are namespaced by it", group=NETWORK, inherit=True)
     ready_file: str | None = option(None, "write peer id and addresses here once up (for local)", hidden=True)
     hold: bool = option(False, "after the last round keep serving rollouts until stopped", hidden=True)
@@ -260,13 +312,17 @@ class JoinOptions(NodeOptions):
 class LocalOptions(NodeOptions):
     """``local``: N nodes on this machine; some node defaults differ (a short run, its own folder, a dashboard)."""
 
-    rounds: int = option(20, "rounds to run", inherit=True)
+    rounds: int = option(20, "rounds to run", inherit=True, min=1)
     log_dir: str = option("runs/local", "each node's metrics go to <log-dir>/<peer-short-id>/metrics.jsonl")
-    dashboard_port: int | None = option(8765, "serve the swarm dashboard on this port (0: any)", group=DASHBOARD)
-    nodes: int = option(4, "number of node processes", group="local swarm")
-    isolated: int = option(0, "run the last K nodes with --external 0 (side-by-side baseline)", group="local swarm")
+    dashboard_port: int | None = option(
+        8765, "serve the swarm dashboard on this port (0: any)", group=DASHBOARD, min=0, max=65535
+    )
+    nodes: int = option(4, "number of node processes", group="local swarm", min=1, max=64)
+    isolated: int = option(
+        0, "run the last K nodes with --external 0 (side-by-side baseline)", group="local swarm", min=0
+    )
     models: str = option("", "comma-separated models assigned round-robin to nodes", group="local swarm")
-    round_timeout: float = option(120.0, "give up if no node progresses this long (s)", group="local swarm")
+    round_timeout: float = option(120.0, "give up if no node progresses this long (s)", group="local swarm", above=0)
     no_dashboard: bool = option(False, "do not serve the swarm dashboard", group="local swarm")
     fresh_processes: bool = option(
         False,
@@ -295,8 +351,8 @@ def to_argv(opts: NodeOptions, only: Literal["inherited", "changed"] = "inherite
     """``opts`` as a command line: the options ``local`` hands to children (``only="inherited"``, every value
     written out) or those that differ from their default (``only="changed"``).
 
-    None is left out; a switch appears only when on; a repeatable flag once per
-    value; a count as that many short flags.
+    None is left out; a switch appears only when its value is not its default; a
+    repeatable flag once per value; a count as that many short flags.
     """
     out: list[str] = []
     for f in option_fields(type(opts)):
@@ -309,12 +365,12 @@ def to_argv(opts: NodeOptions, only: Literal["inherited", "changed"] = "inherite
 
 def _flag_words(f: Any, value: Any) -> list[str]:
     flag = flag_of(f)
-    if value is None or value is False:
+    if isinstance(value, bool):  # a switch: given when the value is the opposite of its default
+        return [flag] if value != f.default else []
+    if value is None:
         return []
     if f.metadata["count"]:
         return [f.metadata["short"] or flag] * int(value)
-    if value is True:
-        return [flag]
     if isinstance(value, tuple | list):
         return [w for v in value for w in (flag, str(v))]
     return [flag, str(value)]
@@ -331,6 +387,55 @@ def default_of(cls: type[NodeOptions], name: str) -> Any:
         if f.name == name:
             return None if f.default is MISSING else f.default
     raise KeyError(name)
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def range_error(f: Any, value: Any) -> str | None:
+    """Why ``value`` lies outside option ``f``'s range, in one sentence naming its flag; None if inside.
+
+    >>> f = next(f for f in option_fields(NodeOptions) if f.name == "sync_period_s")
+    >>> range_error(f, 0.5), range_error(f, 0.0)
+    ('--sync-period must be 0 or >= 1, got 0.5', None)
+    """
+    meta = f.metadata
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if meta.get("or_zero") and value == 0:
+        return None
+    rules = [("above", ">", operator.gt), ("min", ">=", operator.ge), ("below", "<", operator.lt)]
+    rules.append(("max", "<=", operator.le))
+    bounds = [(meta[key], word, test) for key, word, test in rules if meta.get(key) is not None]
+    if all(test(value, bound) for bound, _, test in bounds):  # NaN fails every bound
+        return None
+    rule = " and ".join(f"{word} {_number(bound)}" for bound, word, _ in bounds)
+    return f"{flag_of(f)} must be {'0 or ' if meta.get('or_zero') else ''}{rule}, got {_number(value)}"
+
+
+def check_options(opts: NodeOptions) -> None:
+    """Every option's range, then the checks across options: the first problem as a ValueError naming the flag.
+
+    Standard library only, so the command line refuses bad input before torch loads.
+    """
+    for f in option_fields(type(opts)):
+        problem = range_error(f, getattr(opts, f.name))
+        if problem:
+            raise ValueError(problem)
+    if opts.max_source_share * opts.local_groups < 1:
+        raise ValueError(
+            f"--max-source-share {opts.max_source_share:g} with --local {opts.local_groups} lets a peer supply less "
+            f"than one group, so no peer's group would be trained on; use at least {1 / opts.local_groups:g}"
+        )
+    if opts.adapter == "none":
+        for name in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"):
+            value = getattr(opts, name)
+            if value != default_of(NodeOptions, name):
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} {value} has no effect without --adapter lora; add --adapter lora or drop it")
+    if isinstance(opts, LocalOptions) and opts.isolated > opts.nodes:
+        raise ValueError(f"--isolated {opts.isolated}: use 0 to {opts.nodes} (the number of nodes)")
 
 
 def options_from(cls: type[NodeOptions], values: Any) -> NodeOptions:

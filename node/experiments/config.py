@@ -17,7 +17,7 @@ from node.core.pool import SAMPLING_POLICIES
 from node.experiments.results import parse_split
 from node.training.offpolicy import OBJECTIVES
 
-AGGREGATORS = choices_of(NodeOptions, "sync_aggregator")  # no swarm import: the CLI reads this before torch
+AGGREGATORS = choices_of(NodeOptions, "aggregator")  # no swarm import: the CLI reads this before torch
 
 logger = logging.getLogger(__name__)
 

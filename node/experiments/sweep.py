@@ -130,12 +130,12 @@ def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path) -> list[str]:
     objective = OffPolicyConfig.preset(run.objective)
     opts = LocalOptions(
         nodes=cfg.nodes, rounds=cfg.rounds, local_groups=run.local, external_groups=run.external,
-        sampling=run.sampling, seed=run.seed, generations=cfg.generations, log_dir=str(run_dir),
+        sampling=run.sampling, seed=run.seed, num_generations=cfg.generations, log_dir=str(run_dir),
         round_timeout=cfg.round_timeout, swarm_id=f"exp-{run.label}-{run.local}-{run.seed}", no_dashboard=True,
-        models=",".join(cfg.models), lr=cfg.lr, max_new_tokens=cfg.max_new_tokens, task=tuple(cfg.tasks),
-        external_min_logp=objective.min_token_logp, external_is_cap=objective.is_cap,
-        external_baseline=objective.baseline, diagnose_groups=cfg.diagnose, min_generate=cfg.min_generate,
-        sync_every=run.sync_every, warm_start=cfg.warm_start, eval_every=cfg.eval_every, eval_items=cfg.eval_items,
+        models=",".join(cfg.models), learning_rate=cfg.lr, max_new_tokens=cfg.max_new_tokens, tasks=tuple(cfg.tasks),
+        min_token_logp=objective.min_token_logp, is_cap=objective.is_cap, baseline=objective.baseline,
+        diagnose_groups=cfg.diagnose, min_generate_s=cfg.min_generate, sync_every=run.sync_every,
+        warm_start_steps=cfg.warm_start, eval_every=cfg.eval_every, eval_items=cfg.eval_items,
         eval_samples=cfg.eval_samples,
     )  # fmt: skip
     if run.sync_every and cfg.outer_lr is not None:
@@ -143,7 +143,7 @@ def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path) -> list[str]:
     if run.sync_every and cfg.outer_momentum is not None:
         opts.outer_momentum = cfg.outer_momentum
     if run.sync_every and cfg.sync_aggregator:
-        opts.sync_aggregator = cfg.sync_aggregator
+        opts.aggregator = cfg.sync_aggregator
     return [sys.executable, "-m", "node", "local", *to_argv(opts, only="changed")]
 
 

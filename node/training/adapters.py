@@ -54,28 +54,33 @@ _TARGET_NAME = re.compile(r"[A-Za-z0-9_.]+")
 
 @dataclass(frozen=True)
 class AdapterConfig:
-    """Which adapter a node trains (``kind="none"``: every weight, no adapter)."""
+    """Which adapter a node trains (``adapter="none"``: every weight, no adapter)."""
 
-    kind: str = field(default="none", metadata={"help": "none (train every weight) or lora."})
-    rank: int = field(default=16, metadata={"help": "LoRA rank r of each adapted layer."})
-    alpha: int = field(default=32, metadata={"help": "LoRA alpha: the adapter's update is scaled by alpha / r."})
-    dropout: float = field(default=0.0, metadata={"help": "Dropout on the adapters' input in training passes."})
-    targets: tuple[str, ...] = field(
-        default=(), metadata={"help": "Module names to adapt; empty: the attention and MLP projections the model has."}
-    )
+    adapter: str = field(default="none", metadata={"help": "none (train every weight) or lora."})
+    lora_rank: int = field(default=16, metadata={"help": "LoRA rank r of each adapted layer."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha: the adapter's update is scaled by alpha / r."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the adapters' input in training passes."})
+    lora_targets: str = field(
+        default="",
+        metadata={"help": "Comma list of module names to adapt; empty: the attention and MLP projections the model "
+                  "has."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         checks = [
-            (self.kind in ADAPTERS, f"--adapter {self.kind}: use none or lora"),
+            (self.adapter in ADAPTERS, f"--adapter {self.adapter}: use none or lora"),
             (
-                not isinstance(self.rank, bool) and 1 <= self.rank <= 4096,
-                f"--lora-rank {self.rank}: use a rank from 1 to 4096 (e.g. 8 or 16)",
+                not isinstance(self.lora_rank, bool) and 1 <= self.lora_rank <= 4096,
+                f"--lora-rank {self.lora_rank}: use a rank from 1 to 4096 (e.g. 8 or 16)",
             ),
             (
-                not isinstance(self.alpha, bool) and 1 <= self.alpha <= 65536,
-                f"--lora-alpha {self.alpha}: use a positive scale, e.g. twice --lora-rank",
+                not isinstance(self.lora_alpha, bool) and 1 <= self.lora_alpha <= 65536,
+                f"--lora-alpha {self.lora_alpha}: use a positive scale, e.g. twice --lora-rank",
             ),
-            (0.0 <= self.dropout < 1.0, f"--lora-dropout {self.dropout:g}: use a probability in [0, 1), e.g. 0.05"),
+            (
+                0.0 <= self.lora_dropout < 1.0,
+                f"--lora-dropout {self.lora_dropout:g}: use a probability in [0, 1), e.g. 0.05",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -85,9 +90,14 @@ class AdapterConfig:
                 raise ValueError(f"--lora-targets: {t!r} is not a module name; use a comma list such as q_proj,v_proj")
 
     @property
+    def targets(self) -> tuple[str, ...]:
+        """The module names of ``lora_targets`` (empty: the default projections)."""
+        return parse_targets(self.lora_targets)
+
+    @property
     def enabled(self) -> bool:
         """Whether the node trains an adapter (else every weight)."""
-        return self.kind != "none"
+        return self.adapter != "none"
 
     def describe(self, targets: tuple[str, ...]) -> str:
         """The settings that fix what the adapter weights mean, with the ``targets`` resolved on a model.
@@ -95,10 +105,10 @@ class AdapterConfig:
         Dropout is left out: it changes how the adapters are trained, not what their weights mean,
         so peers that differ only in dropout may still average and resume each other's checkpoints.
 
-        >>> AdapterConfig("lora", rank=8, alpha=16).describe(("v_proj", "q_proj"))
+        >>> AdapterConfig("lora", lora_rank=8, lora_alpha=16).describe(("v_proj", "q_proj"))
         'lora r=8 alpha=16 on q_proj,v_proj'
         """
-        return f"{self.kind} r={self.rank} alpha={self.alpha} on {','.join(sorted(targets))}"
+        return f"{self.adapter} r={self.lora_rank} alpha={self.lora_alpha} on {','.join(sorted(targets))}"
 
 
 def parse_targets(text: str) -> tuple[str, ...]:
@@ -191,9 +201,9 @@ def attach_adapter(model: Any, cfg: AdapterConfig, seed: int) -> Any:
         if any(name == t or name.endswith("." + t) for t in targets)
     )
     lora = LoraConfig(
-        r=cfg.rank,
-        lora_alpha=cfg.alpha,
-        lora_dropout=cfg.dropout,
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
         target_modules=list(targets),
         fan_in_fan_out=conv1d,  # GPT-2's Conv1D stores its weight transposed
         bias="none",

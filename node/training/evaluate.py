@@ -42,27 +42,27 @@ class Answerer(Protocol):
 class EvalConfig:
     """When and how much a node evaluates."""
 
-    every: int = field(default=0, metadata={"help": "Rounds between held-out evaluations (0: off)."})
-    items: int = field(default=64, metadata={"help": "Held-out questions per task family."})
-    samples: int = field(default=8, metadata={"help": "Sampled completions per question for the mean reward."})
-    timeout_s: float = field(default=60.0, metadata={"help": "Longest one evaluation runs (s)."})
+    eval_every: int = field(default=0, metadata={"help": "Rounds between held-out evaluations (0: off)."})
+    eval_items: int = field(default=64, metadata={"help": "Held-out questions per task family."})
+    eval_samples: int = field(default=8, metadata={"help": "Sampled completions per question for the mean reward."})
+    eval_timeout_s: float = field(default=60.0, metadata={"help": "Longest one evaluation runs (s)."})
 
     def __post_init__(self) -> None:
         checks = [
-            (self.every >= 0, f"every={self.every}; use 0 (off) or a positive number of rounds"),
-            (1 <= self.items <= 4096, f"items={self.items}; use 1-4096 questions per family"),
-            (0 <= self.samples <= 64, f"samples={self.samples}; use 0 (greedy only) to 64"),
-            (self.timeout_s > 0, f"timeout_s={self.timeout_s}; use a positive number of seconds"),
+            (self.eval_every >= 0, f"eval_every={self.eval_every}; use 0 (off) or a positive number of rounds"),
+            (1 <= self.eval_items <= 4096, f"eval_items={self.eval_items}; use 1-4096 questions per family"),
+            (0 <= self.eval_samples <= 64, f"eval_samples={self.eval_samples}; use 0 (greedy only) to 64"),
+            (self.eval_timeout_s > 0, f"eval_timeout_s={self.eval_timeout_s}; use a positive number of seconds"),
         ]
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
 
     def due(self, round: int, last_round: int) -> bool:
-        """Whether to evaluate after ``round`` (0: before the first): every ``every`` rounds and after the last."""
-        if self.every <= 0:
+        """Whether to evaluate after ``round`` (0: before the first): every ``eval_every`` rounds and after the last."""
+        if self.eval_every <= 0:
             return False
-        return round % self.every == 0 or (last_round > 0 and round == last_round)
+        return round % self.eval_every == 0 or (last_round > 0 and round == last_round)
 
 
 @dataclass(frozen=True)
@@ -102,13 +102,13 @@ def evaluate(
     cfg: EvalConfig,
     clock: Callable[[], float] = time.monotonic,
 ) -> EvalResult:
-    """Score ``policy`` on ``sets``: greedy accuracy, then the mean reward of ``cfg.samples`` draws."""
+    """Score ``policy`` on ``sets``: greedy accuracy, then the mean reward of ``cfg.eval_samples`` draws."""
     t0 = clock()
-    deadline = t0 + cfg.timeout_s
+    deadline = t0 + cfg.eval_timeout_s
     pairs = [(families[name], item) for name, items in sets.items() for item in items]
     greedy = GenerationConfig(temperature=0.0, top_p=1.0, max_new_tokens=generation.max_new_tokens)
     hits = _score(policy, pairs, greedy, 1, clock, deadline)
-    sampled = _score(policy, pairs, generation, cfg.samples, clock, deadline) if cfg.samples else []
+    sampled = _score(policy, pairs, generation, cfg.eval_samples, clock, deadline) if cfg.eval_samples else []
     per_family: dict[str, list[float]] = {}
     for (fam, _), score in zip(pairs, hits, strict=False):
         per_family.setdefault(fam.name, []).append(score)

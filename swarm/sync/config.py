@@ -72,7 +72,9 @@ class SyncAborted(RuntimeError):
 class OuterSyncConfig:
     """How often and how (robustly, with which bounds) peers of one architecture average."""
 
-    sync_every: int = field(default=100, metadata={"help": "Inner steps between outer syncs (H)."})
+    sync_every: int = field(
+        default=100, metadata={"help": "Inner steps between outer syncs (H); unused (may be 0) with sync_period_s."}
+    )
     sync_period_s: float = field(
         default=0.0,
         metadata={
@@ -198,8 +200,8 @@ class OuterSyncConfig:
     record_ttl_s: float = field(default=600.0, metadata={"help": "Lifetime of this peer's state record in the DHT."})
 
     def __post_init__(self) -> None:
-        if self.sync_every < 1:
-            raise ValueError(f"sync_every={self.sync_every}; use at least 1 (typical: 100-500)")
+        if self.sync_every < (0 if self.sync_period_s else 1):
+            raise ValueError(f"sync_every={self.sync_every}; use at least 1 (typical: 100-500), or a sync_period_s")
         if not (math.isfinite(self.sync_period_s) and (self.sync_period_s == 0 or self.sync_period_s >= 1)):
             raise ValueError(f"sync_period_s={self.sync_period_s}; use 0 (count inner steps) or at least 1 second")
         if self.compression not in COMPRESSIONS:

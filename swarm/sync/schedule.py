@@ -30,8 +30,10 @@ class Schedule:
     """Whether a sync is due at a round boundary: by inner steps (``period_s`` 0) or by wall-time epochs."""
 
     def __init__(self, every: int, period_s: float, now: float) -> None:
-        if every < 1 or period_s < 0:
-            raise ValueError(f"every={every}, period_s={period_s}; use every >= 1 and period_s >= 0")
+        if every < (0 if period_s else 1) or period_s < 0:
+            raise ValueError(
+                f"every={every}, period_s={period_s}; use every >= 1 (or 0 with a period) and period_s >= 0"
+            )
         self.every = every
         self.period_s = period_s
         # the epoch running when the node started counts as done: the first sync is at the next boundary

@@ -61,7 +61,7 @@ def test_the_fork_server_reports_exits_and_refuses_bad_requests(procs: Procs) ->
         bad = server.spawn(["local", "--nodes", "0"], procs.root / "bad.log")
         procs.adopt("bad", bad.pid)
         assert bad.wait(60) == 2  # a usage error: one sentence, status 2, as from a shell
-        assert "--nodes 0" in (procs.root / "bad.log").read_text()
+        assert "--nodes must be >= 1 and <= 64, got 0" in (procs.root / "bad.log").read_text()
 
         ready = procs.root / "n.ready"
         argv = ["start", "--identity", str(procs.root / "n.key"), "--host-port", "127.0.0.1:0"]

@@ -31,7 +31,7 @@ from swarm.identity import Identity
 from swarm.sync.tensors import flatten, float_params
 from tests.fakes import FakeExchange
 
-LORA = AdapterConfig("lora", rank=4, alpha=8)
+LORA = AdapterConfig("lora", lora_rank=4, lora_alpha=8)
 REF = TaskRef.make("max", {"digits": 4}, 0, 0)
 FULL_FINE_TUNING_FINGERPRINTS = {"tiny-s": "9d6f326795f4d370", "tiny-gpt2": "366e6053c61195f4"}
 """model_fingerprint of the built-in models before adapters existed: peers in the field rely on them."""
@@ -103,7 +103,7 @@ def test_a_fresh_adapter_scores_and_samples_like_its_base(name: str) -> None:
 
 
 def test_adapter_dropout_drops_only_in_gradient_passes() -> None:
-    policy = adapted(cfg=dataclasses.replace(LORA, dropout=0.5))
+    policy = adapted(cfg=dataclasses.replace(LORA, lora_dropout=0.5))
     with torch.no_grad():
         for n, p in policy.model.named_parameters():
             if "lora_B" in n:
@@ -161,8 +161,8 @@ def test_a_checkpoint_of_another_base_or_adapter_is_refused(tmp_path: Path) -> N
     full = stand_in(Policy(full_model, tok, model_id), tmp_path)
     cases = [
         (stand_in(adapted(base_seed=1), tmp_path), "same --model, --adapter and --lora-"),  # another base
-        (stand_in(adapted(cfg=dataclasses.replace(LORA, rank=8)), tmp_path), "r=4 alpha=8.*r=8 alpha=8"),
-        (stand_in(adapted(cfg=dataclasses.replace(LORA, targets=("q_proj",))), tmp_path), "on q_proj\\)"),
+        (stand_in(adapted(cfg=dataclasses.replace(LORA, lora_rank=8)), tmp_path), "r=4 alpha=8.*r=8 alpha=8"),
+        (stand_in(adapted(cfg=dataclasses.replace(LORA, lora_targets="q_proj")), tmp_path), "on q_proj\\)"),
         (full, "fine-tunes every weight; pass the same --adapter"),
     ]
     for node, message in cases:
@@ -171,7 +171,7 @@ def test_a_checkpoint_of_another_base_or_adapter_is_refused(tmp_path: Path) -> N
     with pytest.raises(ValueError, match=r"holds fully fine-tuned weights.*drop --adapter"):
         node_state.restore(stand_in(adapted(), tmp_path), node_state.capture(full))
     # dropout does not change what the weights mean: such a checkpoint is taken
-    node_state.restore(stand_in(adapted(cfg=dataclasses.replace(LORA, dropout=0.1)), tmp_path), state)
+    node_state.restore(stand_in(adapted(cfg=dataclasses.replace(LORA, lora_dropout=0.1)), tmp_path), state)
 
 
 # ---- fingerprints and the outer sync's tensors ---------------------------------------------
@@ -182,12 +182,12 @@ def test_fingerprints_follow_the_base_and_the_adapter_settings() -> None:
         assert model_fingerprint(load_model(name, seed=3, device="cpu")[0]) == fp  # unchanged by adapters
     fp = adapted().fingerprint()
     assert fp == adapted(seed=5).fingerprint()  # the adapters' init is not who they are
-    assert fp == adapted(cfg=dataclasses.replace(LORA, dropout=0.2)).fingerprint()
+    assert fp == adapted(cfg=dataclasses.replace(LORA, lora_dropout=0.2)).fingerprint()
     others = {
         adapted(base_seed=1).fingerprint(),  # other base weights, same architecture
-        adapted(cfg=dataclasses.replace(LORA, rank=8)).fingerprint(),
-        adapted(cfg=dataclasses.replace(LORA, alpha=16)).fingerprint(),
-        adapted(cfg=dataclasses.replace(LORA, targets=("q_proj", "v_proj"))).fingerprint(),
+        adapted(cfg=dataclasses.replace(LORA, lora_rank=8)).fingerprint(),
+        adapted(cfg=dataclasses.replace(LORA, lora_alpha=16)).fingerprint(),
+        adapted(cfg=dataclasses.replace(LORA, lora_targets="q_proj,v_proj")).fingerprint(),
         FULL_FINE_TUNING_FINGERPRINTS["tiny-s"],
     }
     assert len(others) == 5 and fp not in others
@@ -212,12 +212,15 @@ def test_adapter_flags_feed_the_config_and_bad_ones_name_the_fix() -> None:
     assert parts.adapter == AdapterConfig() and not parts.adapter.enabled
     opts = NodeOptions(adapter="lora", lora_rank=8, lora_alpha=16, lora_dropout=0.1, lora_targets="q_proj, v_proj")
     _, parts = node_configs(opts, "", 0)
-    assert parts.adapter == AdapterConfig("lora", rank=8, alpha=16, dropout=0.1, targets=("q_proj", "v_proj"))
+    assert parts.adapter == AdapterConfig(
+        "lora", lora_rank=8, lora_alpha=16, lora_dropout=0.1, lora_targets="q_proj, v_proj"
+    )
+    assert parts.adapter.targets == ("q_proj", "v_proj")
     for bad, fix in (
         (NodeOptions(adapter="qlora"), "--adapter qlora: use none or lora"),
-        (NodeOptions(adapter="lora", lora_rank=0), "--lora-rank 0: use a rank from 1"),
-        (NodeOptions(adapter="lora", lora_alpha=0), "--lora-alpha 0: use a positive scale"),
-        (NodeOptions(adapter="lora", lora_dropout=1.0), "--lora-dropout 1: use a probability in \\[0, 1\\)"),
+        (NodeOptions(adapter="lora", lora_rank=0), "--lora-rank must be >= 1 and <= 4096, got 0"),
+        (NodeOptions(adapter="lora", lora_alpha=0), "--lora-alpha must be >= 1 and <= 65536, got 0"),
+        (NodeOptions(adapter="lora", lora_dropout=1.0), "--lora-dropout must be >= 0 and < 1, got 1"),
         (NodeOptions(adapter="lora", lora_targets="q_proj,,v_proj"), "--lora-targets q_proj,,v_proj: an empty"),
         (NodeOptions(adapter="lora", lora_targets="q-proj"), "--lora-targets: 'q-proj' is not a module name"),
         (NodeOptions(lora_rank=8), "--lora-rank 8 has no effect without --adapter lora"),
@@ -229,8 +232,8 @@ def test_adapter_flags_feed_the_config_and_bad_ones_name_the_fix() -> None:
 def test_a_target_the_model_lacks_is_an_error_naming_the_modules_it_has() -> None:
     model, _, _ = load_model("tiny-gpt2", seed=0, device="cpu")
     with pytest.raises(ValueError, match=r"no module of this model is named 'q_proj'; it has: .*c_attn, c_fc, c_proj"):
-        attach_adapter(model, dataclasses.replace(LORA, targets=("q_proj",)), seed=0)
-    only_q = adapted(cfg=dataclasses.replace(LORA, targets=("q_proj",))).model
+        attach_adapter(model, dataclasses.replace(LORA, lora_targets="q_proj"), seed=0)
+    only_q = adapted(cfg=dataclasses.replace(LORA, lora_targets="q_proj")).model
     assert {n.split(".")[-4] for n in adapter_params(only_q)} == {"q_proj"}
 
 

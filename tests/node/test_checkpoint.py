@@ -59,6 +59,6 @@ def test_nothing_or_only_garbage(tmp_path: Path) -> None:
 
 
 def test_config_validation() -> None:
-    assert CheckpointConfig().every == 50
+    assert CheckpointConfig().checkpoint_every == 50
     with pytest.raises(ValueError, match="--checkpoint-every -1"):
-        CheckpointConfig(every=-1)
+        CheckpointConfig(checkpoint_every=-1)

@@ -3,13 +3,17 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from node.cli.errors import CliError
+from node.cli.flags import _scalar_type
 from node.cli.main import main, parse_host_port
+from node.core.options import JoinOptions, LocalOptions, NodeOptions, flag_of, option_fields, option_types
 
 
 def test_host_port_forms() -> None:
@@ -42,9 +46,9 @@ def keep_signal_handlers() -> Iterator[None]:
         (["join", "--peer", "/ip4/127.0.0.1/tcp/1"], "/p2p/"),
         (["start", "--model", "no-such-model"], "no-such-model"),
         (["start", "--task", "no-such-task"], "no-such-task"),
-        (["start", "--generations", "1"], "2-64"),
+        (["start", "--generations", "1"], "--generations must be >= 2 and <= 64, got 1"),
         (["start", "--host-port", "x:y"], "--host-port"),
-        (["local", "--nodes", "0"], "--nodes 0"),
+        (["local", "--nodes", "0"], "--nodes must be >= 1 and <= 64, got 0"),
         (["local", "--nodes", "2", "--isolated", "3"], "--isolated 3"),
     ],
 )
@@ -66,3 +70,76 @@ def test_real_invocation_prints_no_traceback(tmp_path: Path) -> None:
     )  # fmt: skip
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr and "/p2p/" in res.stderr
+
+
+def _out_of_range(meta: Any, kind: Any) -> float:
+    """A value just outside an option's range (its lower side where it has one)."""
+    if meta["above"] is not None:
+        return float(meta["above"])
+    if meta["min"] is not None:
+        step = 1 if kind is int and not meta["or_zero"] else 0.5
+        return meta["min"] - step  # type: ignore[no-any-return]
+    if meta["below"] is not None:
+        return float(meta["below"])
+    return meta["max"] + 1  # type: ignore[no-any-return]
+
+
+def _ranged(cls: type[NodeOptions]) -> list[tuple[str, str]]:
+    """(flag, out-of-range value) for every option of ``cls`` with a range."""
+    hints = option_types(cls)
+    out = []
+    for f in option_fields(cls):
+        if any(f.metadata[k] is not None for k in ("min", "max", "above", "below")):
+            kind = _scalar_type(hints[f.name])
+            value = _out_of_range(f.metadata, kind)
+            out.append((flag_of(f), str(int(value)) if kind is int else f"{value:g}"))
+    return out
+
+
+@pytest.mark.parametrize("command", ["start", "join", "local"])
+def test_every_out_of_range_option_is_one_sentence_naming_its_flag(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cls = {"start": NodeOptions, "join": JoinOptions, "local": LocalOptions}[command]
+    peer = ["--peer", "/ip4/127.0.0.1/tcp/1"] if command == "join" else []
+    cases = _ranged(cls)
+    assert len(cases) >= 30  # the walk is not vacuous
+    for flag, value in cases:
+        t0 = time.monotonic()
+        code = main([command, *peer, flag, value])
+        took = time.monotonic() - t0
+        err = capsys.readouterr().err
+        assert code == 2, (flag, value, err)
+        assert err.startswith(f"swarm-node: error: {flag} must be ") and f"got {value}" in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert took < 1.0, f"{flag}: {took:.2f}s"
+
+
+def test_a_config_file_value_out_of_range_names_its_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("eval-items = 0\n")
+    assert main(["start", "--config", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == "swarm-node: error: --eval-items must be >= 1 and <= 4096, got 0"
+
+
+def test_option_ranges_match_what_the_components_need() -> None:
+    from swarm.sync import OuterSyncConfig
+
+    timeout = next(f for f in option_fields(NodeOptions) if f.name == "allreduce_timeout_s")
+    assert timeout.metadata["min"] == OuterSyncConfig.dht_timeout_s
+
+
+@pytest.mark.process
+def test_bad_ranges_fail_fast_before_torch_is_imported() -> None:
+    code = (
+        "import sys, time\nfrom node.cli.main import main\n"
+        "bad = (['start', '--rounds', '-5'], ['local', '--nodes', '0'], ['start', '--sync-period', '0.5'],\n"
+        "       ['join', '--peer', '/ip4/127.0.0.1/tcp/1', '--eval-timeout', '0'])\n"
+        "t0 = time.monotonic()\ncodes = [main(a) for a in bad]\n"
+        "print(codes, 'torch' in sys.modules, time.monotonic() - t0 < 1.0)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert res.stdout.strip() == "[2, 2, 2, 2] False True", res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert lines[0] == "swarm-node: error: --rounds must be >= 0, got -5" and len(lines) == 4
+    assert "Traceback" not in res.stderr

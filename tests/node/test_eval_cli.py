@@ -58,7 +58,7 @@ def scored_digests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def direct(policy: Policy) -> EvalResult:
     """What the node's evaluation gives for ``policy`` with the command's settings (EVAL_FLAGS, defaults)."""
     families = {"max": build_task("max")}
-    cfg = EvalConfig(items=ITEMS, samples=SAMPLES, timeout_s=600.0)
+    cfg = EvalConfig(eval_items=ITEMS, eval_samples=SAMPLES, eval_timeout_s=600.0)
     return evaluate(policy, families, eval_sets(families, ITEMS), GenerationConfig(1.0, 1.0, 1), cfg)
 
 
@@ -142,7 +142,9 @@ def test_adapter_checkpoint_round_trip(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, tokenizer, model_id = load_model("tiny-s", seed=SHARED_BASE_SEED, device="cpu")
-    policy = Policy(attach_adapter(model, AdapterConfig("lora", rank=4, alpha=8), seed=5), tokenizer, model_id)
+    policy = Policy(
+        attach_adapter(model, AdapterConfig("lora", lora_rank=4, lora_alpha=8), seed=5), tokenizer, model_id
+    )
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(1)
         for p in policy.model.parameters():
@@ -159,7 +161,9 @@ def test_adapter_checkpoint_round_trip(
 
 def test_adapter_on_another_base_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model, tokenizer, model_id = load_model("tiny-s", seed=SHARED_BASE_SEED + 1, device="cpu")
-    policy = Policy(attach_adapter(model, AdapterConfig("lora", rank=4, alpha=8), seed=0), tokenizer, model_id)
+    policy = Policy(
+        attach_adapter(model, AdapterConfig("lora", lora_rank=4, lora_alpha=8), seed=0), tokenizer, model_id
+    )
     file = checkpoint.save(tmp_path, node_state(policy))
     assert main(["eval", *EVAL_FLAGS, "--checkpoint", str(file)]) == 2
     err = capsys.readouterr().err

@@ -43,7 +43,7 @@ def test_scores_are_those_computed_by_hand() -> None:
     families = {n: build_task(n) for n in ("max", "min", "count")}
     sets = eval_sets(families, 16)
     toy = ToyPolicy(families)
-    result = evaluate(toy, families, sets, GenerationConfig(max_new_tokens=1), EvalConfig(samples=4))
+    result = evaluate(toy, families, sets, GenerationConfig(max_new_tokens=1), EvalConfig(eval_samples=4))
     expected = {name: _by_hand(items, name) for name, items in sets.items()}
     assert result.per_family == pytest.approx(expected)
     n = sum(len(v) for v in sets.values())
@@ -59,7 +59,7 @@ def test_the_time_bound_stops_between_chunks_and_says_so() -> None:
     sets = eval_sets(families, 64)
     ticks = iter(range(1000))
     result = evaluate(
-        ToyPolicy(families), families, sets, GenerationConfig(), EvalConfig(samples=0, timeout_s=1.5),
+        ToyPolicy(families), families, sets, GenerationConfig(), EvalConfig(eval_samples=0, eval_timeout_s=1.5),
         clock=lambda: float(next(ticks)),
     )  # fmt: skip
     assert not result.complete and 0 < result.items < sum(len(v) for v in sets.values())
@@ -69,7 +69,11 @@ def test_the_time_bound_stops_between_chunks_and_says_so() -> None:
 def test_a_stop_during_generation_leaves_an_incomplete_result_not_wrong_scores() -> None:
     families = {"max": build_task("max")}
     result = evaluate(
-        ToyPolicy(families, stop_after=1), families, eval_sets(families, 64), GenerationConfig(), EvalConfig(samples=0)
+        ToyPolicy(families, stop_after=1),
+        families,
+        eval_sets(families, 64),
+        GenerationConfig(),
+        EvalConfig(eval_samples=0),
     )
     assert result.items == 0 and not result.complete
 
@@ -79,7 +83,7 @@ def test_greedy_accuracy_of_a_real_model_is_its_argmax_answers_scored() -> None:
     policy = Policy(model, tok, mid)
     families = {"parity": build_task("parity")}
     sets = eval_sets(families, 32)
-    result = evaluate(policy, families, sets, GenerationConfig(max_new_tokens=1), EvalConfig(samples=0))
+    result = evaluate(policy, families, sets, GenerationConfig(max_new_tokens=1), EvalConfig(eval_samples=0))
     items = sets["parity"]
     outs = policy.generate([it.prompt for it in items], 1, GenerationConfig(temperature=0.0, max_new_tokens=1))
     by_hand = sum(families["parity"].score(it, o[0]) for it, o in zip(items, outs, strict=True)) / len(items)
@@ -93,15 +97,15 @@ def test_greedy_accuracy_of_a_real_model_is_its_argmax_answers_scored() -> None:
 def test_evaluations_are_due_before_training_every_k_rounds_and_after_the_last(
     every: int, last: int, due: list[int]
 ) -> None:
-    cfg = EvalConfig(every=every)
+    cfg = EvalConfig(eval_every=every)
     assert [r for r in range(26) if cfg.due(r, last)] == due
 
 
 def test_bad_settings_name_the_fix() -> None:
     with pytest.raises(ValueError, match="every=-1"):
-        EvalConfig(every=-1)
+        EvalConfig(eval_every=-1)
     with pytest.raises(ValueError, match="items=0"):
-        EvalConfig(items=0)
+        EvalConfig(eval_items=0)
 
 
 def test_time_spent_on_samples_leaves_a_complete_accuracy_and_no_partial_sample_reward() -> None:
@@ -110,7 +114,8 @@ def test_time_spent_on_samples_leaves_a_complete_accuracy_and_no_partial_sample_
     n_chunks = -(-sum(len(v) for v in sets.values()) // CHUNK)
     ticks = iter(range(1000))
     result = evaluate(
-        ToyPolicy(families), families, sets, GenerationConfig(), EvalConfig(samples=4, timeout_s=n_chunks + 1.5),
+        ToyPolicy(families), families, sets, GenerationConfig(),
+        EvalConfig(eval_samples=4, eval_timeout_s=n_chunks + 1.5),
         clock=lambda: float(next(ticks)),
     )  # fmt: skip
     assert result.complete and result.items == sum(len(v) for v in sets.values())

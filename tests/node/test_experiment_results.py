@@ -151,17 +151,19 @@ def test_local_command_has_equal_compute_split(tmp_path: Path) -> None:
     cmd = local_command(cfg, Run("advantage", 6, 2, 100), tmp_path)
     assert cmd[1:4] == ["-m", "node", "local"]
     args = build_parser().parse_args(cmd[3:])  # the generated flags parse back to the run's values
-    got = {k: getattr(args, k) for k in ("nodes", "local_groups", "external_groups", "sampling", "seed", "lr")}
+    got = {
+        k: getattr(args, k) for k in ("nodes", "local_groups", "external_groups", "sampling", "seed", "learning_rate")
+    }
     assert got == {
         "nodes": 3,
         "local_groups": 6,
         "external_groups": 2,
         "sampling": "advantage",
         "seed": 100,
-        "lr": 0.002,
+        "learning_rate": 0.002,
     }
     assert (
-        args.models == "tiny-s,tiny-m" and args.task == ["max"] and args.no_dashboard and args.log_dir == str(tmp_path)
+        args.models == "tiny-s,tiny-m" and args.tasks == ["max"] and args.no_dashboard and args.log_dir == str(tmp_path)
     )
 
 
@@ -222,10 +224,10 @@ def test_objective_axis_and_reference_split_plan() -> None:
 def test_local_command_carries_the_objective(tmp_path: Path) -> None:
     cmd = local_command(ExperimentConfig(), Run("advantage", 4, 4, 0, "baseline+tis"), tmp_path)
     args = build_parser().parse_args(cmd[3:])
-    assert (args.external_baseline, args.external_is_cap, args.external_min_logp) == ("receiver", 1.0, None)
+    assert (args.baseline, args.is_cap, args.min_token_logp) == ("receiver", 1.0, None)
     assert args.diagnose_groups
     filt = build_parser().parse_args(local_command(ExperimentConfig(), Run("uniform", 4, 4, 0, "filter"), tmp_path)[3:])
-    assert filt.external_min_logp == -5.0 and filt.external_is_cap == 0.0
+    assert filt.min_token_logp == -5.0 and filt.is_cap == 0.0
     off = config_from_args(build_parser().parse_args(["experiment", "--no-diagnose"]))
     assert not off.diagnose
 

@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from node.cli.configfile import file_options, render_default_config, subcommand_parser
 from node.cli.main import build_parser, node_args_to_list
-from node.core.assemble import node_configs
+from node.core.assemble import FROM_OPTIONS, node_configs
 from node.core.config import NodeConfig, NodeParts
 from node.core.options import (
+    DEFAULT_MODEL,
     JoinOptions,
     LocalOptions,
     NodeOptions,
     flag_of,
     option_fields,
+    options_from,
     sync_partner_warning,
     to_argv,
 )
@@ -63,7 +66,7 @@ def test_default_options_give_the_components_own_defaults() -> None:
 def test_sync_options_feed_the_sync_config() -> None:
     _, parts = node_configs(NodeOptions(sync_every=5), "0.0.0.0", 0)
     assert parts.sync == dataclasses.replace(OuterSyncConfig(), sync_every=5)
-    given = NodeOptions(sync_every=5, sync_compression="int8", outer_lr=0.5, outer_momentum=0.0)
+    given = NodeOptions(sync_every=5, compression="int8", outer_lr=0.5, outer_momentum=0.0)
     _, parts = node_configs(given, "0.0.0.0", 0)
     assert parts.sync is not None
     assert (parts.sync.compression, parts.sync.outer_lr, parts.sync.outer_momentum) == ("int8", 0.5, 0.0)
@@ -72,15 +75,16 @@ def test_sync_options_feed_the_sync_config() -> None:
 
 
 def test_a_sync_period_turns_the_shared_clock_on_and_bad_sync_flags_name_the_fix() -> None:
-    _, parts = node_configs(NodeOptions(sync_period=30, sync_blocking=True, sync_window=2, sync_timeout=20), "", 0)
+    given = NodeOptions(sync_period_s=30, eager=False, matchmaking_timeout_s=2, allreduce_timeout_s=20)
+    _, parts = node_configs(given, "", 0)
     assert parts.sync is not None
     got = (parts.sync.sync_period_s, parts.sync.eager, parts.sync.matchmaking_timeout_s, parts.sync.allreduce_timeout_s)
     assert got == (30, False, 2, 20)
     assert node_configs(NodeOptions(), "", 0)[1].sync is None
     for bad, fix in (
-        (NodeOptions(sync_period=0.5), "--sync-period 0.5: use 0"),
-        (NodeOptions(sync_every=4, sync_window=0), "--sync-window 0: use a positive"),
-        (NodeOptions(sync_every=4, sync_timeout=1), "--sync-timeout 1: use at least 5"),
+        (NodeOptions(sync_period_s=0.5), "--sync-period must be 0 or >= 1, got 0.5"),
+        (NodeOptions(sync_every=4, matchmaking_timeout_s=0), "--sync-window must be > 0, got 0"),
+        (NodeOptions(sync_every=4, allreduce_timeout_s=1), "--sync-timeout must be >= 5, got 1"),
     ):
         with pytest.raises(ValueError, match=fix):
             node_configs(bad, "", 0)
@@ -92,19 +96,19 @@ def test_per_model_defaults_apply_only_to_flags_not_given() -> None:
     smol = recommended_defaults("smollm2-135m")
     _, parts = node_configs(NodeOptions(model="smollm2-135m"), "0.0.0.0", 0)
     assert (parts.generation.max_new_tokens, parts.grpo.learning_rate) == (smol.max_new_tokens, smol.learning_rate)
-    _, parts = node_configs(NodeOptions(model="smollm2-135m", max_new_tokens=7, lr=0.01), "0.0.0.0", 0)
+    _, parts = node_configs(NodeOptions(model="smollm2-135m", max_new_tokens=7, learning_rate=0.01), "0.0.0.0", 0)
     assert (parts.generation.max_new_tokens, parts.grpo.learning_rate) == (7, 0.01)
     # adapters start at zero and are few: their own default, 10x full fine-tuning's; --lr still wins
     _, parts = node_configs(NodeOptions(model="smollm2-135m", adapter="lora"), "0.0.0.0", 0)
     assert parts.grpo.learning_rate == smol.adapter_learning_rate == pytest.approx(10 * smol.learning_rate)
-    _, parts = node_configs(NodeOptions(model="smollm2-135m", adapter="lora", lr=0.01), "0.0.0.0", 0)
+    _, parts = node_configs(NodeOptions(model="smollm2-135m", adapter="lora", learning_rate=0.01), "0.0.0.0", 0)
     assert parts.grpo.learning_rate == 0.01
     _, parts = node_configs(NodeOptions(model="tiny-s", adapter="lora"), "0.0.0.0", 0)
     assert parts.grpo.learning_rate == TINY_DEFAULTS.learning_rate
     # tasks: where the model gets a signal, unless --task is given
     assert node_configs(NodeOptions(model="smollm2-135m"), "", 0)[0].tasks == smol.tasks
     assert set(smol.tasks) < set(RG_TASK_NAMES)
-    assert node_configs(NodeOptions(model="smollm2-135m", task=("rg:gcd",)), "", 0)[0].tasks == ("rg:gcd",)
+    assert node_configs(NodeOptions(model="smollm2-135m", tasks=("rg:gcd",)), "", 0)[0].tasks == ("rg:gcd",)
     assert node_configs(NodeOptions(model="/some/hf-folder"), "", 0)[0].tasks == RG_TASK_NAMES
     assert node_configs(NodeOptions(model="tiny-s"), "", 0)[0].tasks == ()  # the node's built-ins
 
@@ -112,9 +116,10 @@ def test_per_model_defaults_apply_only_to_flags_not_given() -> None:
 def test_local_hands_children_every_inherited_option() -> None:
     """What ``local`` passes to a child parses, as ``start``, back to the same values."""
     opts = LocalOptions(
-        task=("max", "min"), rounds=7, local_groups=3, external_groups=5, generations=4, max_new_tokens=2,
-        temperature=0.5, lr=0.01, sampling="advantage", device="cpu", verbose=2, sync_every=3,
-        sync_compression="fp16", outer_lr=0.4, checkpoint_every=9, resume=True, swarm_id="s1", adapter="lora",
+        tasks=("max", "min"), rounds=7, local_groups=3, external_groups=5, num_generations=4, max_new_tokens=2,
+        temperature=0.5, learning_rate=0.01, sampling="advantage", device="cpu", verbose=2, sync_every=3,
+        compression="fp16", eager=False, overlap_network=False, outer_lr=0.4, checkpoint_every=9, resume=True,
+        swarm_id="s1", adapter="lora",
         lora_rank=8, lora_alpha=16, lora_dropout=0.1, lora_targets="q_proj,v_proj",
     )  # fmt: skip
     argv = node_args_to_list(argparse.Namespace(**dataclasses.asdict(opts)))
@@ -127,7 +132,7 @@ def test_local_hands_children_every_inherited_option() -> None:
 
 
 def test_changed_only_argv_round_trips() -> None:
-    opts = LocalOptions(nodes=3, local_groups=6, no_dashboard=True, task=("max",))
+    opts = LocalOptions(nodes=3, local_groups=6, no_dashboard=True, tasks=("max",))
     argv = to_argv(opts, only="changed")
     assert argv == ["--task", "max", "--local", "6", "--nodes", "3", "--no-dashboard"]
     assert to_argv(LocalOptions(), only="changed") == []
@@ -152,15 +157,18 @@ def test_choices_are_the_components_own_and_help_shows_them_with_the_default() -
 
     actions = _actions("start")
     expected = {
-        "sampling": SAMPLING_POLICIES, "external_baseline": BASELINES, "adapter": ADAPTERS, "device": DEVICES,
-        "sync_compression": COMPRESSIONS, "sync_aggregator": AGGREGATORS,
+        "sampling": SAMPLING_POLICIES, "baseline": BASELINES, "adapter": ADAPTERS, "device": DEVICES,
+        "compression": COMPRESSIONS, "aggregator": AGGREGATORS,
     }  # fmt: skip
     for dest, values in expected.items():
         assert tuple(actions[dest].choices or ()) == values, dest
     text = subcommand_parser(build_parser(), "start").format_help()
     assert "{uniform,advantage,credit}" in text and "(default: advantage)" in text
     for dest, action in actions.items():
-        switch_or_list = isinstance(action, argparse._StoreTrueAction | argparse._AppendAction | argparse._CountAction)
+        switch_or_list = isinstance(
+            action,
+            argparse._StoreTrueAction | argparse._StoreFalseAction | argparse._AppendAction | argparse._CountAction,
+        )
         if switch_or_list or action.help == argparse.SUPPRESS:
             continue
         assert "default" in str(action.help), f"--{dest}: help does not say its default"
@@ -170,3 +178,129 @@ def test_an_experiment_compares_what_a_node_runs_by_default() -> None:
     from node.experiments.config import ExperimentConfig
 
     assert ExperimentConfig().sampling == (NodeOptions().sampling,)
+
+
+# ---- options -> components: matched by name, defaults carried through -------------------------------------
+
+CLI_ONLY = {
+    "verbose", "dashboard_port", "dashboard_host", "ready_file", "hold", "go_file",  # the process's, not a node's
+    "host_port", "peer",  # resolved by the CLI into the membership's host, port and initial_peers
+    "nodes", "isolated", "models", "round_timeout", "no_dashboard", "fresh_processes",  # local's own
+}  # fmt: skip
+"""The options no component config receives."""
+
+
+def test_every_option_feeds_a_component_field_of_its_own_name() -> None:
+    """The assembly matches names: an option renamed on either side would feed nothing and fail here."""
+    fed = {f.name for cls in FROM_OPTIONS for f in dataclasses.fields(cls)}
+    for command, cls in COMMANDS.items():
+        names = {f.name for f in option_fields(cls)}
+        assert names - fed == names & CLI_ONLY, f"{command}: options that feed no component field of their name"
+
+
+def _received(argv: list[str]) -> dict[str, Any]:
+    """What the components of a node started with ``argv`` receive, by option name."""
+    opts = options_from(NodeOptions, build_parser().parse_args(argv))
+    cfg, parts = node_configs(opts, "127.0.0.1", 0)
+    names = {f.name for f in option_fields(NodeOptions)}
+    configs = [cfg, *(getattr(parts, f.name) for f in dataclasses.fields(parts))]
+    return {
+        f.name: getattr(c, f.name) for c in configs if c is not None for f in dataclasses.fields(c) if f.name in names
+    }
+
+
+def _expected(defaults: type[NodeOptions], model: str, **given: Any) -> dict[str, Any]:
+    """Each option's default (of the command's options), ``given`` where set, then the model's own defaults
+    where an option is left unset (the one table of :func:`node.core.assemble.per_model`)."""
+    out = {f.name: f.default for f in option_fields(NodeOptions)} | {"model": model}
+    out |= {f.name: f.default for f in option_fields(defaults) if f.name in out} | given
+    rec = recommended_defaults(model)
+    out["tasks"] = out["tasks"] or rec.tasks
+    out["max_new_tokens"] = out["max_new_tokens"] or rec.max_new_tokens
+    out["micro_batch_size"] = out["micro_batch_size"] or rec.micro_batch_size
+    out["learning_rate"] = rec.lr(out["adapter"]) if out["learning_rate"] is None else out["learning_rate"]
+    return out
+
+
+def _check(received: dict[str, Any], expected: dict[str, Any]) -> None:
+    wrong = {k: (v, expected[k]) for k, v in received.items() if v != expected[k]}
+    assert not wrong, f"option -> (component received, expected): {wrong}"
+
+
+@pytest.mark.parametrize("flags", [[], ["--sync-period", "60"]], ids=["no flags", "sync on"])
+def test_start_components_receive_the_option_defaults(flags: list[str]) -> None:
+    received = _received(["start", *flags])
+    given = {"sync_period_s": 60.0} if flags else {}
+    _check(received, _expected(NodeOptions, DEFAULT_MODEL, **given))
+    fed = {f.name for f in dataclasses.fields(OuterSyncConfig)} & {f.name for f in option_fields(NodeOptions)}
+    assert (fed <= set(received)) == bool(flags)  # every sync option reached the sync when it is on
+
+
+def _local_child(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
+    """``local``'s first node: its command line, and what ``local`` sets for it beyond the options it hands on."""
+    from node.cli.local import child_argv, node_models
+
+    model, log_dir = node_models(args)[0], Path(args.log_dir)
+    argv = child_argv(args, 0, model, log_dir, [])
+    own = {"model": model, "identity": str(log_dir / "keys" / "node0.key"), "max_threads": 1, "log_dir": args.log_dir}
+    return argv, own
+
+
+def test_local_components_receive_the_option_defaults() -> None:
+    argv, own = _local_child(build_parser().parse_args(["local"]))
+    _check(_received(argv), _expected(LocalOptions, own.pop("model"), **own))
+
+
+def test_experiment_components_receive_the_option_defaults(tmp_path: Path) -> None:
+    """An experiment's own defaults where it has the option, the node's elsewhere."""
+    from node.experiments.config import ExperimentConfig
+    from node.experiments.sweep import local_command, plan_runs
+    from node.training.offpolicy import OffPolicyConfig
+
+    cfg = ExperimentConfig()
+    run = plan_runs(cfg)[0]
+    args = build_parser().parse_args(local_command(cfg, run, tmp_path)[3:])
+    argv, own = _local_child(args)
+    preset = OffPolicyConfig.preset(run.objective)
+    experiment = {
+        "rounds": cfg.rounds, "eval_every": cfg.eval_every, "eval_items": cfg.eval_items,
+        "eval_samples": cfg.eval_samples, "max_new_tokens": cfg.max_new_tokens, "tasks": cfg.tasks,
+        "num_generations": cfg.generations, "learning_rate": cfg.lr, "diagnose_groups": cfg.diagnose,
+        "min_generate_s": cfg.min_generate, "warm_start_steps": cfg.warm_start,
+        # the run's place in the sweep
+        "sampling": run.sampling, "local_groups": run.local, "external_groups": run.external, "seed": run.seed,
+        "sync_every": run.sync_every, "swarm_id": f"exp-{run.label}-{run.local}-{run.seed}",
+        "min_token_logp": preset.min_token_logp, "is_cap": preset.is_cap, "baseline": preset.baseline,
+    }  # fmt: skip
+    _check(_received(argv), _expected(LocalOptions, own.pop("model"), **experiment, **own))
+
+
+def _other_values(value: Any) -> list[Any]:
+    """Values unlike ``value`` of its kind, to try in turn until one is valid."""
+    if value is None:
+        return [-5.0, 0.01]
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int | float):
+        return [value + 1, value + 2, value / 2 if value else 0.5, -5.0]
+    if isinstance(value, tuple):
+        return [("max",), ("/ip4/127.0.0.1/tcp/1",)]
+    return ["tiny-m", "q_proj", "none", "group", "fp16", "median", "cpu", "uniform", "elsewhere"]
+
+
+def test_a_changed_option_reaches_its_component() -> None:
+    """A field dropped from the assembly would leave its component at its own default; here every option-fed
+    field is changed, one at a time, to a valid value, and the component must receive it."""
+    base = NodeOptions(sync_every=3, adapter="lora")  # the sync and adapter options live
+    for name, value in _received(["start", "--sync-every", "3", "--adapter", "lora"]).items():
+        for other in (v for v in _other_values(value) if v != value):
+            try:
+                cfg, parts = node_configs(dataclasses.replace(base, **{name: other}), "127.0.0.1", 0)
+            except (ValueError, TypeError):
+                continue
+            configs = [cfg, *(getattr(parts, f.name) for f in dataclasses.fields(parts))]
+            got = [getattr(c, name) for c in configs if c is not None and hasattr(c, name)]
+            assert got == [other], f"{name}={other!r} reached its component as {got}"
+            break
+        else:
+            pytest.fail(f"no valid other value to try for {name}")

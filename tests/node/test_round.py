@@ -596,7 +596,7 @@ def test_stop_after_collecting_completes_the_round_but_skips_sync(
 
 
 def test_checkpoint_every_two_rounds_final_on_shutdown_and_resume(make_node: NodeMaker, clock: FakeClock) -> None:
-    parts = NodeParts(checkpoint=CheckpointConfig(every=2))
+    parts = NodeParts(checkpoint=CheckpointConfig(checkpoint_every=2))
     node = make_node(Harness(), parts)
     found: list[int | None] = []
     for _ in range(3):
@@ -617,7 +617,7 @@ def test_checkpoint_every_two_rounds_final_on_shutdown_and_resume(make_node: Nod
     (summary,) = list(read_events(run_dir / "metrics.jsonl", "summary"))
     assert summary["rounds"] == 3 and summary["param_digest_end"] == weights
 
-    resumed = make_node(Harness(), NodeParts(checkpoint=CheckpointConfig(every=2, resume=True)))
+    resumed = make_node(Harness(), NodeParts(checkpoint=CheckpointConfig(checkpoint_every=2, resume=True)))
     assert resumed.peer_id == peer and resumed.run_dir == run_dir
     assert resumed.round == 3
     assert digest(resumed) == weights
@@ -632,7 +632,7 @@ def test_checkpoint_every_two_rounds_final_on_shutdown_and_resume(make_node: Nod
 
 
 def test_resume_without_a_checkpoint_starts_fresh(make_node: NodeMaker) -> None:
-    node = make_node(Harness(), NodeParts(checkpoint=CheckpointConfig(every=2, resume=True)))
+    node = make_node(Harness(), NodeParts(checkpoint=CheckpointConfig(checkpoint_every=2, resume=True)))
     assert node.round == 0 and metric_events(node, "resume") == []
     r = node.run_round()
     assert r is not None and r.round == 1
@@ -741,7 +741,7 @@ def test_held_out_evaluations_come_before_training_every_k_rounds_and_after_the_
     make_node: NodeMaker, tmp_path: Path
 ) -> None:
     """The eval events a run's tables are built from: round 0 (the start), each multiple of K, the last round."""
-    parts = NodeParts(evaluation=EvalConfig(every=2, items=8, samples=2))
+    parts = NodeParts(evaluation=EvalConfig(eval_every=2, eval_items=8, eval_samples=2))
     node = make_node(Harness(), parts, rounds=5)
     node.run()
     events = metric_events(node, "eval")
@@ -757,7 +757,7 @@ def test_a_warm_start_gives_every_seed_one_prior_and_a_better_start(make_node: N
     """SAPO's regime: nodes of one model start from one pretrained state whatever their --seed."""
 
     def start(seed: int, steps: int) -> tuple[str, float]:
-        parts = NodeParts(evaluation=EvalConfig(every=10, items=32, samples=0))
+        parts = NodeParts(evaluation=EvalConfig(eval_every=10, eval_items=32, eval_samples=0))
         key = str(tmp_path / f"{seed}-{steps}.key")
         node = make_node(Harness(), parts, seed=seed, warm_start_steps=steps, identity=key)
         return params_digest(node.policy.model), metric_events(node, "eval")[0]["accuracy"]

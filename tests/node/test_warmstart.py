@@ -38,7 +38,7 @@ def test_two_nodes_compute_the_same_prior_whatever_their_thread_count() -> None:
 def test_the_prior_answers_more_held_out_questions_than_the_initial_weights() -> None:
     policy = _policy()
     sets = eval_sets(FAMILIES, 64)
-    cfg = EvalConfig(samples=0)
+    cfg = EvalConfig(eval_samples=0)
     before = evaluate(policy, FAMILIES, sets, GenerationConfig(max_new_tokens=1), cfg).accuracy
     warm_start(policy, FAMILIES, 60, cache_dir=None)
     after = evaluate(policy, FAMILIES, sets, GenerationConfig(max_new_tokens=1), cfg).accuracy
