@@ -226,8 +226,14 @@ class NodeOptions:
         inherit=True, above=0,
     )  # fmt: skip
     allreduce_timeout_s: float = option(
-        60.0, "bound on one sync's all-reduce (s)", group=SYNC, flag="--sync-timeout", inherit=True, min=5
-    )
+        60.0, "bound on one sync's all-reduce (s); grows for a model whose bytes take longer at --sync-min-mbit",
+        group=SYNC, flag="--sync-timeout", inherit=True, min=5,
+    )  # fmt: skip
+    min_link_mbit: float = option(
+        20.0, "slowest link (Mbit/s each way) a sync member is expected to have: the all-reduce and state "
+        "download bounds grow to what the model's bytes take at this rate", group=SYNC, flag="--sync-min-mbit",
+        inherit=True, above=0,
+    )  # fmt: skip
     compression: str = option(
         "none", "wire encoding of the all-reduce", group=SYNC, flag="--sync-compression", inherit=True,
         choices=("none", "fp16", "int8"),
