@@ -188,6 +188,20 @@ def _first_line(e: BaseException) -> str:
     return text[0][:200] if text else type(e).__name__
 
 
+def import_model_code() -> None:
+    """Import the transformers code that building or loading a model runs (a node does so after it listens).
+
+    For a fork server: its children then share this code instead of each importing it.
+    """
+    from transformers import (  # noqa: F401
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GPT2LMHeadModel,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+    )
+
+
 def resolve_model_path(name_or_path: str, cache_dir: str | os.PathLike[str] | None = None) -> str | None:
     """The folder a non-built-in model loads from (converting a packaged model once); None for built-ins."""
     if name_or_path in BUILTIN_MODELS:
