@@ -202,17 +202,27 @@ def import_model_code() -> None:
     )
 
 
+def check_model_name(name_or_path: str) -> None:
+    """Raise :class:`ModelNotFound` or :class:`NotACausalLM` if ``name_or_path`` names no model or folder.
+
+    Reads nothing and converts nothing: a node checks its ``--model`` before it joins the swarm and
+    loads the model after.
+    """
+    if name_or_path in BUILTIN_MODELS or name_or_path in PACKAGED_MODELS or os.path.isdir(name_or_path):
+        return
+    if os.path.exists(name_or_path):
+        raise NotACausalLM(f"{os.path.abspath(name_or_path)} is a file; --model needs a model folder or a name.")
+    raise ModelNotFound(_not_found_message(name_or_path))
+
+
 def resolve_model_path(name_or_path: str, cache_dir: str | os.PathLike[str] | None = None) -> str | None:
     """The folder a non-built-in model loads from (converting a packaged model once); None for built-ins."""
+    check_model_name(name_or_path)
     if name_or_path in BUILTIN_MODELS:
         return None
     if name_or_path in PACKAGED_MODELS:
         return str(ensure_converted(PACKAGED_MODELS[name_or_path], cache_dir))
-    if os.path.isdir(name_or_path):
-        return name_or_path
-    if os.path.exists(name_or_path):
-        raise NotACausalLM(f"{os.path.abspath(name_or_path)} is a file; --model needs a model folder or a name.")
-    raise ModelNotFound(_not_found_message(name_or_path))
+    return name_or_path
 
 
 def load_model(
