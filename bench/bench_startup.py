@@ -5,7 +5,11 @@ subprocess and times, from just before the exec:
 
 - ``listen``: the node's port accepts a TCP connection (its p2pd is listening);
 - ``up``: the node prints ``... is up at round N; listening on:`` (start-up done, see node.cli.serve);
-- ``round``: the ``time`` of its first ``round`` record in metrics.jsonl (the end of round 0).
+- ``round``: the ``time`` of its first ``round`` record in metrics.jsonl (the end of round 0);
+
+and the CPU seconds (user + system) the node's own process had used when it was seen listening
+(``cpu_listen``) and after its first round (``cpu_round``; its DHT child and p2pd not counted): on a
+machine shared with other work they show what start-up costs where wall time shows the contention.
 
 Each node gets a fresh identity and log folder, so no address book or remembered port carries over.
 Prints one line per run, the medians, and the load average before each run.
@@ -33,6 +37,7 @@ from node.observe.metrics import read_events
 
 POLL_S = 0.01
 TIMEOUT_S = 180.0
+KEYS = ("listen", "up", "round", "cpu_listen", "cpu_round")
 
 
 def free_port() -> int:
@@ -60,6 +65,12 @@ def node_command(mode: str, model: str, rounds: int, tmp: Path, port: int, peer:
     return cmd
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (its threads included), from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _watch_stdout(stream: IO[str], seen: dict[str, float], lines: list[str]) -> None:
     for line in stream:
         lines.append(line)
@@ -68,12 +79,13 @@ def _watch_stdout(stream: IO[str], seen: dict[str, float], lines: list[str]) -> 
 
 
 def measure(mode: str, model: str, rounds: int, peer: str | None) -> dict[str, float]:
-    """One start of one node: seconds from exec to ``listen``, ``up`` and ``round``."""
+    """One start of one node: seconds from exec to ``listen``, ``up`` and ``round``; its CPU seconds then."""
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as d:
         tmp = Path(d)
         port = free_port()
         cmd = node_command(mode, model, rounds, tmp, port, peer)
         seen: dict[str, float] = {}
+        cpu: dict[str, float] = {}
         lines: list[str] = []
         t0 = time.time()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -85,10 +97,12 @@ def measure(mode: str, model: str, rounds: int, peer: str | None) -> dict[str, f
             while "round" not in seen and time.time() < deadline and proc.poll() is None:
                 if "listen" not in seen and accepts(port):
                     seen["listen"] = time.time()
+                    cpu["cpu_listen"] = cpu_seconds(proc.pid)
                 for path in (tmp / "runs").glob("*/metrics.jsonl"):
                     first = next(read_events(path, "round"), None)
                     if first is not None:
                         seen["round"] = float(first["time"])
+                        cpu["cpu_round"] = cpu_seconds(proc.pid)
                 time.sleep(POLL_S)
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -100,7 +114,7 @@ def measure(mode: str, model: str, rounds: int, peer: str | None) -> dict[str, f
             reader.join(5)
         if set(seen) != {"listen", "up", "round"}:
             raise RuntimeError(f"{mode}: saw only {sorted(seen)}; output:\n{''.join(lines)[-3000:]}")
-        return {k: v - t0 for k, v in seen.items()}
+        return {**{k: v - t0 for k, v in seen.items()}, **cpu}
 
 
 def start_founder(model: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -134,14 +148,14 @@ def main() -> None:
                     load = Path("/proc/loadavg").read_text().split()[:3]
                     r = measure(mode, args.model, args.rounds, peer)
                     results.setdefault(mode, []).append(r)
-                    shown = "  ".join(f"{k} {r[k]:.2f}s" for k in ("listen", "up", "round"))
+                    shown = "  ".join(f"{k} {r[k]:.2f}s" for k in KEYS)
                     print(f"{mode} #{i + 1}: {shown}  (load {' '.join(load)})", flush=True)
             finally:
                 if founder is not None:
                     founder.send_signal(signal.SIGTERM)
                     founder.wait(30)
     for mode, runs in results.items():
-        medians = {k: statistics.median(r[k] for r in runs) for k in ("listen", "up", "round")}
+        medians = {k: statistics.median(r[k] for r in runs) for k in KEYS}
         print(f"{mode} median of {len(runs)}: " + "  ".join(f"{k} {v:.2f}s" for k, v in medians.items()))
     print(json.dumps({"loadavg_end": Path("/proc/loadavg").read_text().split()[:3], "cpus": os.cpu_count()}))
 
