@@ -124,7 +124,10 @@ def _start(line: bytes, inherited: Sequence[int]) -> None:
 def serve() -> None:
     """Import everything, say ready, then fork a node per start request until end of input."""
     import node.cli.main
-    import node.cli.serve  # noqa: F401 - the heavy imports (torch, transformers, hivemind) happen here, once
+    import node.cli.serve  # noqa: F401 - the heavy imports (torch, hivemind) happen here, once
+    from node.training.models import import_model_code
+
+    import_model_code()  # transformers: a node imports it once it listens; here it is paid once, shared
 
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from node.cli.errors import CliError
 from node.cli.main import parse_host_port
@@ -29,11 +30,13 @@ from node.core.assemble import node_configs
 from node.core.checkpoint import CheckpointError
 from node.core.node import Node
 from node.core.options import JoinOptions, NodeOptions, options_from, sync_partner_warning
-from node.dashboard.server import Dashboard, DashboardConfig, node_view
 from node.observe.reach import reachability_advice
 from swarm.errors import SwarmError
 from swarm.identity import IdentityError
 from swarm.membership import parse_peer_multiaddr
+
+if TYPE_CHECKING:
+    from node.dashboard.server import Dashboard
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +116,8 @@ def start_leave_watchdog(node: Node, bound_s: float = LEAVE_BOUND_S) -> threadin
 
 
 def _start_dashboard(node: Node, args: argparse.Namespace) -> Dashboard | None:
+    from node.dashboard.server import Dashboard, DashboardConfig, node_view  # aiohttp: only for a dashboard
+
     try:
         cfg = DashboardConfig(port=args.dashboard_port, host=args.dashboard_host)
     except ValueError as e:

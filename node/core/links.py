@@ -1,10 +1,15 @@
 """A node's network collaborators, behind small protocols, and the factory that builds the real ones.
 
-:class:`~node.core.node.Node` never constructs hivemind objects itself: it
-asks a :data:`LinksFactory` for them once its identity and model are loaded.
-The default, :func:`hivemind_links`, joins the swarm (membership, rollout
-exchange, optional outer sync); tests pass a factory returning an in-process
-exchange, so a whole round runs without processes or sockets.
+:class:`~node.core.node.Node` never constructs hivemind objects itself. Once
+its identity is loaded it asks a :data:`LinksFactory` to join the swarm,
+which gives a :class:`Joining`: the node listens and takes part in the DHT
+while it loads its model (seconds of imports and weights). Once the model is
+loaded, :meth:`Joining.links` starts what speaks for the node: the rollout
+exchange and the optional outer sync, whose namespace is the model's
+fingerprint. Until then the node publishes nothing and serves no payload. The
+default, :func:`hivemind_links`, joins the hivemind swarm; tests pass a factory
+whose links are an in-process exchange, so a whole round runs without
+processes or sockets.
 """
 
 from __future__ import annotations
@@ -77,8 +82,22 @@ class Links:
     membership: Membership | None = field(default=None, repr=False)
 
 
-LinksFactory = Callable[[Identity, NodeParts, torch.nn.Module, Callable[[], float]], Links]
-"""(identity, configs, model, clock) -> the started collaborators."""
+class Joining(Protocol):
+    """A node in the swarm whose model is not loaded yet: listening and in the DHT, publishing nothing."""
+
+    def multiaddrs(self) -> list[str]: ...
+
+    def links(self, model: torch.nn.Module) -> Links:
+        """Start the exchange and, if configured, the outer sync of ``model``; their ``leave`` leaves the swarm."""
+        ...
+
+    def leave(self) -> None:
+        """Leave the swarm when :meth:`links` never returned (a start that failed in between)."""
+        ...
+
+
+LinksFactory = Callable[[Identity, NodeParts, Callable[[], float]], Joining]
+"""(identity, configs, clock) -> the node listening in the swarm; its links come once its model is loaded."""
 
 
 def swarm_validator(parts: NodeParts) -> SignedRecordValidator:
@@ -92,16 +111,36 @@ def swarm_validator(parts: NodeParts) -> SignedRecordValidator:
     return swarm_record_validator(parts.membership.swarm_id, parts.exchange.window_s, sync)
 
 
-def hivemind_links(identity: Identity, parts: NodeParts, model: torch.nn.Module, clock: Callable[[], float]) -> Links:
-    """Join the swarm: membership (bounded bootstrap), the rollout exchange and, if configured, the outer sync."""
+@dataclass
+class HivemindJoining:
+    """The hivemind swarm joined (membership started); the exchange and sync wait for the model."""
+
+    membership: Membership
+    parts: NodeParts
+    clock: Callable[[], float]
+
+    def multiaddrs(self) -> list[str]:
+        return self.membership.visible_multiaddrs()
+
+    def links(self, model: torch.nn.Module) -> Links:
+        membership, parts, clock = self.membership, self.parts, self.clock
+        try:
+            exchange = RolloutExchange(membership, parts.exchange, clock=clock)
+            exchange.start()
+            sync = None
+            if parts.sync is not None:
+                sync = SyncRunner(OuterSync(membership, model, parts.sync, clock=clock), clock=clock)
+        except BaseException:
+            membership.shutdown()
+            raise
+        return Links(exchange, sync, membership.visible_multiaddrs, membership.shutdown, membership)
+
+    def leave(self) -> None:
+        self.membership.shutdown()
+
+
+def hivemind_links(identity: Identity, parts: NodeParts, clock: Callable[[], float]) -> HivemindJoining:
+    """Join the swarm: start the membership (bounded bootstrap); the rollout exchange and, if configured, the
+    outer sync start from :meth:`HivemindJoining.links` once the model is loaded."""
     membership = Membership(identity, parts.membership, [swarm_validator(parts)]).start()
-    try:
-        exchange = RolloutExchange(membership, parts.exchange, clock=clock)
-        exchange.start()
-        sync = None
-        if parts.sync is not None:
-            sync = SyncRunner(OuterSync(membership, model, parts.sync, clock=clock), clock=clock)
-    except BaseException:
-        membership.shutdown()
-        raise
-    return Links(exchange, sync, membership.visible_multiaddrs, membership.shutdown, membership)
+    return HivemindJoining(membership, parts, clock)

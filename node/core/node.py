@@ -26,7 +26,7 @@ from node.core import state as node_state
 from node.core.config import NodeConfig, NodeParts
 from node.core.credit import SourceCredit
 from node.core.ingest import SeenPeers, ingest
-from node.core.links import Exchange, Links, LinksFactory, Sync, hivemind_links
+from node.core.links import Exchange, Joining, Links, LinksFactory, Sync, hivemind_links
 from node.core.network import CollectJob, NetworkWorker
 from node.core.pool import ExternalPool
 from node.core.record import Collected, RoundRecord, banned_count, mean, most_refused
@@ -40,7 +40,7 @@ from node.training.adapters import SHARED_BASE_SEED, attach_adapter
 from node.training.device import params_digest, resolve_device
 from node.training.evaluate import EvalResult, eval_sets, evaluate
 from node.training.grpo import GRPOTrainer
-from node.training.models import load_model
+from node.training.models import check_model_name, load_model
 from node.training.policy import Policy
 from node.training.tokenizer import max_token_chars
 from node.training.warmstart import warm_start
@@ -67,8 +67,8 @@ def _cpu_seconds() -> float:
 class Node:
     """A training node. ``start()``, then ``run()`` (or ``run_round()``), always ``shutdown()``.
 
-    ``links`` builds the network collaborators once identity and model are
-    loaded (default: join the hivemind swarm); ``clock`` is the wall clock
+    ``links`` joins the swarm once the identity is loaded and builds the network
+    collaborators once the model is (default: the hivemind swarm); ``clock`` is the wall clock
     used for records and collect windows. Both are replaced in tests.
     """
 
@@ -85,6 +85,7 @@ class Node:
         self._links_factory = links
         self.round = 0
         self.stop_event = threading.Event()
+        self._joining: Joining | None = None  # in the swarm, before its links exist
         self.links: Links | None = None
         self.exchange: Exchange | None = None
         self.network: NetworkWorker | None = None
@@ -104,7 +105,12 @@ class Node:
     # ---- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> Node:
-        """Load identity, model and tasks, join the swarm (bounded in time), resume if asked."""
+        """Load identity, join the swarm (bounded in time), load model and tasks, start sharing, resume if asked.
+
+        The node listens before it loads its model: the model's imports and weights take seconds, the
+        swarm is reachable meanwhile, and a bootstrap that fails does so before them. It publishes and
+        serves nothing until the model is loaded (see :class:`~node.core.links.Joining`).
+        """
         if self.cfg.max_threads:
             torch.set_num_threads(self.cfg.max_threads)
         identity = load_or_create(self.cfg.identity)
@@ -113,6 +119,13 @@ class Node:
         self.peer_id = identity.peer_id
         self._tag = CONTEXT.peer = short_id(self.peer_id)
         device = resolve_device(self.cfg.device)
+        # a mistyped model or task fails before the network starts
+        check_model_name(self.cfg.model)
+        names = self.cfg.tasks or tuple(BUILTIN_TASKS)
+        self.families = {n: build_task(n) for n in names}
+        logger.info("start-up: joining the swarm")
+        self._joining = self._links_factory(identity, self.parts, self.clock)
+        logger.info("start-up: joined the swarm, listening on %s", " ".join(self._joining.multiaddrs()))
         logger.info("start-up: loading model %s", self.cfg.model)
         adapter = self.parts.adapter
         # a frozen base is shared: a built-in model's is the same init on every peer (see SHARED_BASE_SEED);
@@ -128,8 +141,6 @@ class Node:
         self.policy.stop = self.stop_event.is_set
         measure = self.cfg.diagnose_groups or self.cfg.sampling == "credit"  # credit is learned from the diagnostics
         self.trainer = GRPOTrainer(self.policy, self.parts.grpo, self.parts.offpolicy, measure)
-        names = self.cfg.tasks or tuple(BUILTIN_TASKS)
-        self.families = {n: build_task(n) for n in names}
         self.task_mix = TaskMix(list(self.families.values()), seed=self.cfg.seed)
         warm_start(self.policy, self.families, self.cfg.warm_start_steps)
         self.eval_sets = (
@@ -138,9 +149,8 @@ class Node:
         self.acceptance = self._acceptance()
         self._digest_start = params_digest(model)
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
-        logger.info("start-up: joining the swarm")
-        self.links = self._links_factory(identity, self.parts, model, self.clock)
-        logger.info("start-up: joined the swarm")
+        self.links = self._joining.links(model)
+        logger.info("start-up: sharing with the swarm")
         self.exchange, self.sync = self.links.exchange, self.links.sync
         if self.sync is not None:
             threading.Thread(target=self._withdraw_sync_on_stop, name="swarm-node-leave", daemon=True).start()
@@ -232,11 +242,14 @@ class Node:
             self.exchange.close()
         if self.links is not None:
             self.links.leave()
+        elif self._joining is not None:  # a start that failed between joining and the links
+            self._joining.leave()
         if self.metrics is not None:
             self.metrics.close()
         if self._identity_lock is not None:  # last: the DHT and p2pd using this identity have stopped
             self._identity_lock.release()
         self.sync, self.exchange, self.links, self.metrics, self.network = None, None, None, None, None
+        self._joining = None
 
     def _final_checkpoint(self) -> None:
         if not self.parts.checkpoint.checkpoint_every or self.round == self._checkpointed or self.round == 0:

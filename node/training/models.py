@@ -25,20 +25,9 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PretrainedConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
 
 from node.tasks.reasoning_gym import RG_TASK_NAMES
 from node.training.model_cache import (
@@ -48,6 +37,11 @@ from node.training.model_cache import (
     ensure_converted,
 )
 from node.training.tokenizer import char_tokenizer
+
+if TYPE_CHECKING:
+    # transformers takes seconds to import (torch.distributed, its model code): a node imports it when it
+    # builds or loads its model, after it listens, never at import
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +71,8 @@ class NotACausalLM(ModelError):
 
 def _llama(hidden: int, layers: int, heads: int, ffn: int) -> Callable[[int], PretrainedConfig]:
     def make(vocab: int) -> PretrainedConfig:
+        from transformers import LlamaConfig
+
         return LlamaConfig(
             vocab_size=vocab,
             hidden_size=hidden,
@@ -96,6 +92,8 @@ def _llama(hidden: int, layers: int, heads: int, ffn: int) -> Callable[[int], Pr
 
 def _gpt2(hidden: int, layers: int, heads: int) -> Callable[[int], PretrainedConfig]:
     def make(vocab: int) -> PretrainedConfig:
+        from transformers import GPT2Config
+
         return GPT2Config(
             vocab_size=vocab,
             n_embd=hidden,
@@ -121,8 +119,6 @@ BUILTIN_MODELS: dict[str, Callable[[int], PretrainedConfig]] = {
 }
 """Built-in model name -> config factory (argument: vocabulary size)."""
 
-_MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {"llama": LlamaForCausalLM, "gpt2": GPT2LMHeadModel}
-
 
 def builtin_config(name: str, vocab_size: int) -> PretrainedConfig:
     """The transformers config of a built-in model."""
@@ -136,10 +132,24 @@ def _not_found_message(name: str) -> str:
     return f"Unknown model {name!r}: use a registry model ({valid}) or the path of a local Hugging Face model folder."
 
 
+def _model_class(model_type: str) -> type[PreTrainedModel]:
+    """A built-in's model class; only its own architecture's code is imported."""
+    cls: type[PreTrainedModel]
+    if model_type == "gpt2":
+        from transformers import GPT2LMHeadModel
+
+        cls = GPT2LMHeadModel
+    else:
+        from transformers import LlamaForCausalLM
+
+        cls = LlamaForCausalLM
+    return cls
+
+
 def _build_builtin(name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     tokenizer = char_tokenizer()
     config = builtin_config(name, len(tokenizer))
-    cls = _MODEL_CLASSES[config.model_type]
+    cls = _model_class(config.model_type)
     # Seed a forked RNG so that init is a function of `seed` alone and the
     # caller's global RNG state is left untouched.
     with torch.random.fork_rng(devices=[]):
@@ -150,7 +160,7 @@ def _build_builtin(name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTok
 
 def _load_folder(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a local causal-LM folder (float32) and its tokenizer; :class:`NotACausalLM` otherwise."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     shown = os.path.abspath(path)
@@ -178,17 +188,41 @@ def _first_line(e: BaseException) -> str:
     return text[0][:200] if text else type(e).__name__
 
 
+def import_model_code() -> None:
+    """Import the transformers code that building or loading a model runs (a node does so after it listens).
+
+    For a fork server: its children then share this code instead of each importing it.
+    """
+    from transformers import (  # noqa: F401
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GPT2LMHeadModel,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+    )
+
+
+def check_model_name(name_or_path: str) -> None:
+    """Raise :class:`ModelNotFound` or :class:`NotACausalLM` if ``name_or_path`` names no model or folder.
+
+    Reads nothing and converts nothing: a node checks its ``--model`` before it joins the swarm and
+    loads the model after.
+    """
+    if name_or_path in BUILTIN_MODELS or name_or_path in PACKAGED_MODELS or os.path.isdir(name_or_path):
+        return
+    if os.path.exists(name_or_path):
+        raise NotACausalLM(f"{os.path.abspath(name_or_path)} is a file; --model needs a model folder or a name.")
+    raise ModelNotFound(_not_found_message(name_or_path))
+
+
 def resolve_model_path(name_or_path: str, cache_dir: str | os.PathLike[str] | None = None) -> str | None:
     """The folder a non-built-in model loads from (converting a packaged model once); None for built-ins."""
+    check_model_name(name_or_path)
     if name_or_path in BUILTIN_MODELS:
         return None
     if name_or_path in PACKAGED_MODELS:
         return str(ensure_converted(PACKAGED_MODELS[name_or_path], cache_dir))
-    if os.path.isdir(name_or_path):
-        return name_or_path
-    if os.path.exists(name_or_path):
-        raise NotACausalLM(f"{os.path.abspath(name_or_path)} is a file; --model needs a model folder or a name.")
-    raise ModelNotFound(_not_found_message(name_or_path))
+    return name_or_path
 
 
 def load_model(

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import logging
 import string
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +45,8 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     with ``add_special_tokens=True`` prepends ``<bos>``; ``<eos>`` is never added
     automatically (the policy appends it where a completion ends).
     """
+    from transformers import PreTrainedTokenizerFast  # seconds to import: only when a tokenizer is built
+
     vocab = char_vocab()
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")

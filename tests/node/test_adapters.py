@@ -240,8 +240,21 @@ def test_a_target_the_model_lacks_is_an_error_naming_the_modules_it_has() -> Non
 # ---- a node ----------------------------------------------------------------------------------
 
 
-def alone(identity: Identity, parts: NodeParts, model: torch.nn.Module, clock: Any) -> Links:
-    return Links(exchange=FakeExchange())  # nobody on the other side
+class Alone:
+    """A swarm with nobody on the other side."""
+
+    def multiaddrs(self) -> list[str]:
+        return []
+
+    def links(self, model: torch.nn.Module) -> Links:
+        return Links(exchange=FakeExchange())
+
+    def leave(self) -> None:
+        pass
+
+
+def alone(identity: Identity, parts: NodeParts, clock: Any) -> Alone:
+    return Alone()
 
 
 def make_node(tmp_path: Path, name: str, seed: int, resume: bool = False) -> Node:

@@ -56,19 +56,28 @@ class Harness:
     exchange: FakeExchange = dataclasses.field(default_factory=FakeExchange)
     sync: FakeSync | None = None
     fail: Exception | None = None  # raised by the factory: joining the swarm failed
+    fail_links: Exception | None = None  # raised by links(): starting the exchange or sync failed
     left: int = 0
     built_for: list[str] = dataclasses.field(default_factory=list)
+    linked: int = 0
 
     def leave(self) -> None:
         self.left += 1
 
-    def factory(
-        self, identity: Identity, parts: NodeParts, model: torch.nn.Module, clock: Callable[[], float]
-    ) -> Links:
+    def multiaddrs(self) -> list[str]:
+        return []
+
+    def links(self, model: torch.nn.Module) -> Links:
+        self.linked += 1
+        if self.fail_links is not None:
+            raise self.fail_links
+        return Links(exchange=self.exchange, sync=self.sync, leave=self.leave)
+
+    def factory(self, identity: Identity, parts: NodeParts, clock: Callable[[], float]) -> Harness:
         self.built_for.append(identity.peer_id)
         if self.fail is not None:
             raise self.fail
-        return Links(exchange=self.exchange, sync=self.sync, leave=self.leave)
+        return self
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -662,8 +671,8 @@ def test_shutdown_closes_everything_once_and_writes_a_summary(make_node: NodeMak
     assert latest is not None and latest[0]["round"] == 1
 
 
-def test_shutdown_after_a_failed_join_does_not_raise(make_node: NodeMaker) -> None:
-    """The links factory raises (bootstrap failed) after the model and metrics exist."""
+def test_shutdown_after_a_failed_join_does_not_raise(make_node: NodeMaker, tmp_path: Path) -> None:
+    """The links factory raises (bootstrap failed) before the model is loaded: nothing to write, nothing to leave."""
     h = Harness(fail=RuntimeError("bootstrap failed: no peer reachable"))
     node = make_node(h, start=False)
     with pytest.raises(RuntimeError, match="bootstrap failed"):
@@ -672,7 +681,21 @@ def test_shutdown_after_a_failed_join_does_not_raise(make_node: NodeMaker) -> No
     node.shutdown()
     node.shutdown()
 
-    assert len(h.built_for) == 1 and h.exchange.closed == 0 and h.left == 0
+    assert len(h.built_for) == 1 and h.linked == 0 and h.exchange.closed == 0 and h.left == 0
+    assert not hasattr(node, "policy") and node.metrics is None and not (tmp_path / "runs").exists()
+
+
+def test_shutdown_after_failed_links_leaves_the_swarm_once(make_node: NodeMaker) -> None:
+    """The swarm is joined and the model and metrics exist when starting the exchange fails."""
+    h = Harness(fail_links=RuntimeError("exchange handler not registered"))
+    node = make_node(h, start=False)
+    with pytest.raises(RuntimeError, match="exchange handler"):
+        node.start()
+
+    node.shutdown()
+    node.shutdown()
+
+    assert h.linked == 1 and h.exchange.closed == 0 and h.left == 1
     (summary,) = list(read_events(node.run_dir / "metrics.jsonl", "summary"))
     assert summary["rounds"] == 0 and summary["param_digest_start"] == summary["param_digest_end"] != ""
     assert checkpoint.load_latest(node.run_dir) is None  # round 0: nothing worth a checkpoint
