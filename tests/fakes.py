@@ -122,3 +122,19 @@ class FakeSync:
 
     def close(self) -> None:
         self.closed += 1
+
+
+class Alone:
+    """A swarm joined by nobody (a node's :class:`~node.core.links.Joining`): its links are a
+    :class:`FakeExchange` and no sync."""
+
+    def multiaddrs(self) -> list[str]:
+        return []
+
+    def links(self, model: Any) -> Any:
+        from node.core.links import Links  # here, not at import: start-up probes count what is imported
+
+        return Links(exchange=FakeExchange())
+
+    def leave(self) -> None:
+        pass

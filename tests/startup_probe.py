@@ -20,10 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch
-
     from node.core.config import NodeParts
-    from node.core.links import Links
     from swarm.identity import Identity
 
 HEAVY = ("transformers", "peft", "accelerate", "gguf", "reasoning_gym", "aiohttp", "matplotlib")
@@ -35,27 +32,12 @@ def imported() -> list[str]:
     return [m for m in HEAVY if m in sys.modules]
 
 
-class Alone:
-    """A swarm joined by nobody: the node's links are an in-process exchange."""
-
-    def multiaddrs(self) -> list[str]:
-        return []
-
-    def links(self, model: torch.nn.Module) -> Links:
-        from node.core.links import Links
-        from tests.fakes import FakeExchange
-
-        return Links(exchange=FakeExchange())
-
-    def leave(self) -> None:
-        pass
-
-
 def probe(model: str, folder: Path) -> dict[str, list[str]]:
     """Start a node of ``model`` (identity and logs in ``folder``) and say what it had imported when."""
     from node.cli.main import build_parser
     from node.cli.serve import build_node
     from node.core.node import Node
+    from tests.fakes import Alone
 
     argv = ["start", "--model", model, "--rounds", "1", "--max-threads", "1"]
     argv += ["--identity", str(folder / "id.key"), "--log-dir", str(folder / "runs")]

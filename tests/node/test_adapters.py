@@ -17,7 +17,6 @@ from node.core.assemble import node_configs
 from node.core.checkpoint import CheckpointConfig
 from node.core.config import NodeConfig, NodeParts
 from node.core.credit import SourceCredit
-from node.core.links import Links
 from node.core.node import Node
 from node.core.options import NodeOptions
 from node.tasks.verify import TrainGroup
@@ -29,7 +28,7 @@ from protocol.schema import TaskRef
 from swarm.fingerprint import model_fingerprint
 from swarm.identity import Identity
 from swarm.sync.tensors import flatten, float_params
-from tests.fakes import FakeExchange
+from tests.fakes import Alone
 
 LORA = AdapterConfig("lora", lora_rank=4, lora_alpha=8)
 REF = TaskRef.make("max", {"digits": 4}, 0, 0)
@@ -238,19 +237,6 @@ def test_a_target_the_model_lacks_is_an_error_naming_the_modules_it_has() -> Non
 
 
 # ---- a node ----------------------------------------------------------------------------------
-
-
-class Alone:
-    """A swarm with nobody on the other side."""
-
-    def multiaddrs(self) -> list[str]:
-        return []
-
-    def links(self, model: torch.nn.Module) -> Links:
-        return Links(exchange=FakeExchange())
-
-    def leave(self) -> None:
-        pass
 
 
 def alone(identity: Identity, parts: NodeParts, clock: Any) -> Alone:
