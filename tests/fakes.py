@@ -1,8 +1,9 @@
 """Test doubles shared by in-process tests (no processes, no network).
 
-One clock: time that moves only when a test says so, or by ``step`` on every
-read (code that measures its own elapsed time then sees it pass without a real
-sleep). One exchange and one sync, each standing for its protocol in
+One clock, for wall and monotonic reads alike: time that moves only when a test
+says so, by ``step`` on every read (code that measures its own elapsed time then
+sees it pass without a real sleep), or by a wait it is asked for, which passes
+at once. One exchange and one sync, each standing for its protocol in
 :mod:`node.core.links` and recording what the node asked of it.
 """
 
@@ -22,17 +23,39 @@ HOLD_S = 10.0
 
 
 class FakeClock:
-    """Seconds that move by ``step`` on each read and by whatever a test adds to ``now``."""
+    """Seconds that move by ``step`` on each read and by whatever a test adds to ``now`` or a wait lets pass.
+
+    One instance is a node's whole :class:`~node.core.clock.Clock`: wall and
+    monotonic reads are the same seconds (only differences of monotonic ones
+    mean anything). ``waits`` records each wait's seconds; ``on_wait`` stands
+    for what happens elsewhere while a wait's time passes.
+    """
 
     def __init__(self, now: float = 1_700_000_000.0, step: float = 0.0) -> None:
         self.now, self.step = now, step
+        self.waits: list[float] = []
+        self.on_wait: Callable[[], None] | None = None
 
     def __call__(self) -> float:
         self.now += self.step
         return self.now
 
+    def monotonic(self) -> float:
+        return self()
+
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """``event.wait(seconds)`` without sleeping: ``on_wait`` runs while the time passes (if any does);
+        an event set by then ends the wait at once, otherwise the clock moves on by ``seconds``."""
+        self.waits.append(seconds)
+        if seconds > 0 and not event.is_set() and self.on_wait is not None:
+            self.on_wait()
+        if event.is_set():
+            return True
+        self.advance(max(0.0, seconds))
+        return False
 
 
 class FakeExchange:
@@ -103,6 +126,7 @@ class FakeSync:
         self.closed = 0
         self.busy = False
         self.cancelled = False
+        self.cancel_called = threading.Event()  # for a test waiting on another thread's cancel
 
     def maybe_sync(self, inner_step: int) -> SyncReport | None:
         self.calls.append(inner_step)
@@ -110,6 +134,7 @@ class FakeSync:
 
     def cancel(self) -> None:
         self.cancelled = True
+        self.cancel_called.set()
 
     def finish(self, timeout_s: float) -> SyncReport | None:
         return None

@@ -13,7 +13,6 @@ import random
 import resource
 import statistics
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 
 from node.core import checkpoint
 from node.core import state as node_state
+from node.core.clock import SYSTEM_CLOCK, Clock
 from node.core.config import NodeConfig, NodeParts
 from node.core.credit import SourceCredit
 from node.core.ingest import SeenPeers, ingest
@@ -68,15 +68,16 @@ class Node:
     """A training node. ``start()``, then ``run()`` (or ``run_round()``), always ``shutdown()``.
 
     ``links`` joins the swarm once the identity is loaded and builds the network
-    collaborators once the model is (default: the hivemind swarm); ``clock`` is the wall clock
-    used for records and collect windows. Both are replaced in tests.
+    collaborators once the model is (default: the hivemind swarm); ``clock`` gives the wall time of
+    records and collect windows, the monotonic time of phases and deadlines, and the pacing wait.
+    Both are replaced in tests.
     """
 
     def __init__(
         self,
         cfg: NodeConfig,
         parts: NodeParts | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
         links: LinksFactory = hivemind_links,
     ) -> None:
         self.cfg = cfg
@@ -155,7 +156,7 @@ class Node:
         if self.sync is not None:
             threading.Thread(target=self._withdraw_sync_on_stop, name="swarm-node-leave", daemon=True).start()
         if self.exchange is not None:
-            self.network = NetworkWorker(self.exchange, inline=not self.cfg.overlap_network)
+            self.network = NetworkWorker(self.exchange, inline=not self.cfg.overlap_network, clock=self.clock.monotonic)
         resumed = self._resume() if self.parts.checkpoint.resume else None
         self.metrics.write(
             "start",
@@ -187,10 +188,10 @@ class Node:
 
     def save_checkpoint(self) -> Path:
         """Write a checkpoint atomically (the previous one is kept)."""
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         path = checkpoint.save(self.run_dir, self.checkpoint_state())
         self._checkpointed = self.round
-        logger.info("checkpoint of round %d written in %.2fs", self.round, time.monotonic() - t0)
+        logger.info("checkpoint of round %d written in %.2fs", self.round, self.clock.monotonic() - t0)
         return path
 
     def _resume(self) -> Path | None:
@@ -283,19 +284,19 @@ class Node:
         """
         self.round += 1
         CONTEXT.round = self.round
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         items = self.task_mix.sample(self.round, self.cfg.local_groups)
         self._request_collect()
         local = self._generate_local(items)
         # pacing (min_generate_s): a tiny model in a local swarm stands in for a bigger one, so the swarm keeps
         # a real round's length and DHT load per second; the wait ends at once on stop
-        self.stop_event.wait(max(0.0, t0 + self.cfg.min_generate_s - time.monotonic()))
-        t_gen = time.monotonic()
+        self.clock.wait(self.stop_event, max(0.0, t0 + self.cfg.min_generate_s - self.clock.monotonic()))
+        t_gen = self.clock.monotonic()
         if self.stop_event.is_set():
             self._abort_round("generation")
             return None
         collected = self._share_and_collect(local, wait_s=min(self.cfg.network_wait_s, t_gen - t0))
-        t_collect = time.monotonic()
+        t_collect = self.clock.monotonic()
         if self.stop_event.is_set():
             self._abort_round("collecting")
             return None
@@ -307,7 +308,7 @@ class Node:
         if stats.get("alignment"):
             self.credit.observe(stats["alignment"], {g.source_peer: g.source_model for g in external})
         n_dropped = int(stats.get("n_dropped", 0))
-        phases = (t_gen - t0, t_collect - t_gen, time.monotonic() - t_collect)
+        phases = (t_gen - t0, t_collect - t_gen, self.clock.monotonic() - t_collect)
         sync = self._maybe_sync()
         # before the round's record: a run that ends when every node recorded its last round ends after its
         # last evaluation; the evaluation's time is not the round's
@@ -325,7 +326,10 @@ class Node:
         """Score the policy on the held-out questions when due (``eval`` event and a progress line)."""
         if not self.parts.evaluation.due(self.round, self.cfg.rounds) or self.stop_event.is_set():
             return None
-        result = evaluate(self.policy, self.families, self.eval_sets, self.parts.generation, self.parts.evaluation)
+        result = evaluate(
+            self.policy, self.families, self.eval_sets, self.parts.generation, self.parts.evaluation,
+            self.clock.monotonic,
+        )  # fmt: skip
         assert self.metrics is not None
         self.metrics.write("eval", time=self.clock(), peer=self.peer_id, round=self.round, **result.to_event())
         sampled = "-" if result.sample_reward is None else f"{result.sample_reward:.3f}"
@@ -391,7 +395,7 @@ class Node:
             share_s=phases[1],
             train_s=phases[2],
             collect_s=collected.collect_s,
-            round_s=time.monotonic() - t0 - (evaluated.eval_s if evaluated is not None else 0.0),
+            round_s=self.clock.monotonic() - t0 - (evaluated.eval_s if evaluated is not None else 0.0),
             descriptors_seen=collected.descriptors_seen,
             external_age_s=collected.external_age_s,
             store_s=traffic["store_ms"] / 1000 if traffic.get("store_ms") else None,
@@ -512,7 +516,7 @@ class Node:
         result = self.network.take(wait_s)
         if result is None:
             return Collected()
-        collected = ingest(result, self.pool, self.peers_seen, self.acceptance, self.parts.ingest)
+        collected = ingest(result, self.pool, self.peers_seen, self.acceptance, self.parts.ingest, self.clock.monotonic)
         collected.collect_s = result.elapsed_s
         collected.descriptors_seen = result.seen
         if result.accepted:  # how stale peers' batches are when this node can train on them

@@ -28,7 +28,7 @@ from protocol.schema import TaskRef
 from swarm.fingerprint import model_fingerprint
 from swarm.identity import Identity
 from swarm.sync.tensors import flatten, float_params
-from tests.fakes import Alone
+from tests.fakes import Alone, FakeClock
 
 LORA = AdapterConfig("lora", lora_rank=4, lora_alpha=8)
 REF = TaskRef.make("max", {"digits": 4}, 0, 0)
@@ -252,7 +252,7 @@ def make_node(tmp_path: Path, name: str, seed: int, resume: bool = False) -> Nod
     parts = NodeParts(
         adapter=LORA, generation=GenerationConfig(max_new_tokens=1), checkpoint=CheckpointConfig(2, resume)
     )
-    return Node(cfg, parts, links=alone).start()
+    return Node(cfg, parts, clock=FakeClock(), links=alone).start()
 
 
 def test_adapter_nodes_share_their_base_across_seeds_and_resume_their_adapters(tmp_path: Path) -> None:

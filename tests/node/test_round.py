@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -499,35 +498,37 @@ HELD_COLLECT_S = 5.0
 
 
 def test_a_paced_round_generates_for_the_minimum_and_ingests_a_slow_collect(
-    make_node: NodeMaker, tmp_path: Path
+    make_node: NodeMaker, clock: FakeClock, tmp_path: Path
 ) -> None:
     """--min-generate: a tiny model stands in for a bigger one; its collect has the generation time to land."""
     h = Harness()
     node = make_node(h, overlap_network=True, network_wait_s=0.05, min_generate_s=1.0)
     (p1,) = peer_ids(tmp_path, 1)
-    never = threading.Event()
-
-    def slow_collect() -> None:  # takes 0.3 s: longer than network_wait_s
-        never.wait(0.3)
-
-    h.exchange.on_collect = slow_collect
     h.exchange.queued.append(CollectResult([accepted(p1, [informative(1)])], [], 1, 0.0))
+    h.exchange.release_collect.clear()  # longer than network_wait_s: it lands only while the pacing wait passes
+
+    def collect_lands() -> None:
+        h.exchange.release_collect.set()
+        assert node.network is not None and node.network.wait_idle(HELD_COLLECT_S)
+
+    clock.on_wait = collect_lands
 
     record = node.run_round()
 
-    assert record is not None and record.generate_s >= 1.0 and record.round_s >= record.generate_s
+    assert clock.waits == [1.0]  # generation took no fake time: the wait is the whole minimum
+    assert record is not None and record.generate_s == 1.0 and record.round_s >= record.generate_s
     assert record.accepted_groups == 1  # unpaced, this round would have gone on without it (test above)
 
 
-def test_stop_during_the_pacing_wait_abandons_the_round_at_once(make_node: NodeMaker) -> None:
+def test_stop_during_the_pacing_wait_abandons_the_round_at_once(make_node: NodeMaker, clock: FakeClock) -> None:
     h = Harness()
     node = make_node(h, overlap_network=True, min_generate_s=600.0)
-    h.exchange.on_collect = node.stop_event.set  # the collect starts beside generation; stop lands in the wait
-    t0 = time.monotonic()
+    clock.on_wait = node.stop_event.set  # leaving is asked for while the pacing wait passes
+    t0 = clock.monotonic()
 
     assert node.run_round() is None
 
-    assert time.monotonic() - t0 < 60.0  # not the 600 s of pacing
+    assert clock.waits == [600.0] and clock.monotonic() == t0  # it ended at once, not after the 600 s of pacing
     assert node.round == 0 and h.exchange.published == []
     assert metric_events(node, "round") == []
 
@@ -739,10 +740,7 @@ def test_a_leave_request_reaches_the_outer_sync_at_once(make_node: NodeMaker) ->
     node = make_node(h)
     assert h.sync is not None and not h.sync.cancelled
     node.stop_event.set()  # what the signal watcher does; no round runs after it here
-    deadline = time.monotonic() + 5.0
-    while not h.sync.cancelled and time.monotonic() < deadline:
-        node.stop_event.wait(0.01)
-    assert h.sync.cancelled
+    assert h.sync.cancel_called.wait(HELD_COLLECT_S)
 
 
 def test_with_the_outer_sync_on_every_seed_starts_from_one_revision_0_state(
