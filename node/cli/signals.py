@@ -137,7 +137,7 @@ class StopSignals:
         self._write.close()  # the watcher reads EOF and ends
 
     def started(self) -> None:
-        """Start-up is over: from now on the first signal leaves cleanly (it was an immediate exit)."""
+        """Start-up is over: from now on the first signal leaves cleanly (during start-up it exits at once)."""
         with self._lock:
             self._starting = False
 

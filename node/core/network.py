@@ -2,7 +2,7 @@
 
 Why: a round's own work can take milliseconds (tiny models) while the DHT and
 peers answer in tens to hundreds of milliseconds, more under a flood that
-keeps every honest DHT process busy. A round that waited for its publish and
+keeps every honest DHT process busy. A round that waits for its publish and
 collect runs at the network's pace (several times slower under a flood, all of
 it in publish and collect). Here a round asks for a collect
 when it starts, so the collect runs while it generates; hands its batch to a
@@ -24,9 +24,9 @@ collect, for tests that script a round exactly and for ``--wait-network``.
 
 A round waits only for a collect expected to land within its budget
 (:func:`wait_budget`): under a flood every collect takes several rounds, and
-a round that waited its whole budget for one that could not finish in it
-lost that time for nothing (measured: rounds at 2.05-2.26x their baseline on
-a slower 2-core machine, all three honest nodes, when every round waited).
+a round that waited its whole budget for one that cannot finish in it loses
+that time for nothing (rounds at 2.05-2.26x their baseline on a slow 2-core
+machine when every round waits).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ def _tagged(text: str) -> list[str]:
     """What ``re.findall(r"<answer>(.*?)</answer>", text, IGNORECASE | DOTALL)`` finds, in linear time.
 
     The regex rescans to the end from every unclosed ``<answer>``: quadratic, ~130 ms for a
-    peer's 16,384-character completion of ``"<answer>" * 2048`` (found by bench/fuzz_protocol.py).
+    peer's 16,384-character completion of ``"<answer>" * 2048`` (an input bench/fuzz_protocol.py sends).
     """
     found, pos = [], 0
     while (start := _OPEN.search(text, pos)) is not None:

@@ -586,8 +586,8 @@ class SyncService:
                 return await asyncio.wait_for(self._ping(peer, self._ping_slots), max(0.01, end - time.monotonic()))
             except (PeerLost, ConnectionError) as e:
                 # the stream closed under us before any answer, as a live peer's daemon sometimes does to a
-                # fresh stream under full CPU load (seen in the sync bench: that member was then left out
-                # of the group and the round aborted): ask once more while the timeout lasts
+                # fresh stream under full CPU load; left out, that member would abort the round: ask once
+                # more while the timeout lasts
                 logger.debug("[%s] ping %s: stream closed (%s), asking again", self._me[-6:], peer[-6:], e)
             except Exception as e:  # unreachable, refused, timed out: all mean "did not answer"
                 logger.debug("[%s] ping %s failed: %s", self._me[-6:], peer[-6:], type(e).__name__)

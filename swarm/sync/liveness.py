@@ -1,8 +1,8 @@
 """Who is online for this round: ping probes on the sync stream, run beside the synchronous round.
 
 A join record only proves that its signer once held a key; anyone can sign
-records for keys that never come online ("ghosts"), and before this module
-every all-reduce with a ghost in it failed. So a member pings each joiner on
+records for keys that never come online ("ghosts"), and an all-reduce with a
+ghost in it fails. So a member pings each joiner on
 the sync stream handler as soon as it reads the joiner's record, and at the
 window's close keeps only the joiners that answered (:func:`live_records`).
 Every honest member pings the same records and an honest peer answers every

@@ -52,7 +52,7 @@ takes up to d, and the state store after a commit up to d (or, when a lost
 member ends the round, the abort vote's store: pings there are cut at ``D``).
 ``OuterSyncConfig.max_sync_seconds`` computes it (adding 1 s for compute).
 
-Residual risk (documented, repaired): if a member's last vote read misses a
+Residual risk (repaired by catch-up): if a member's last vote read misses a
 vote that another member's earlier read saw (DHT replicas out of step), or a
 member stalled past ``D``, that member discards while others commit. It is
 then behind the group's revision, and step 1 makes it download the state

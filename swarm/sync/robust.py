@@ -101,7 +101,7 @@ def _norm(a: np.ndarray, b: np.ndarray | None) -> float:
             src = np.subtract(src, b[start : start + piece.size], out=diff[: piece.size])
         np.copyto(piece, src)
         # square and pairwise-sum in place: no BLAS call (numpy's dot wakes OpenBLAS threads that
-        # spin on every core after each call; measured: nearly 2x the round's CPU with 4 peers)
+        # spin on every core after each call: nearly 2x the round's CPU with 4 peers)
         np.multiply(piece, piece, out=piece)
         total += float(np.add.reduce(piece))
     return math.sqrt(total)
