@@ -68,8 +68,29 @@ def option(
     """
     meta = {"help": help, "group": group, "flag": flag, "short": short, "count": count}
     meta |= {"hidden": hidden, "inherit": inherit, "choices": choices}
-    meta |= {"min": min, "max": max, "above": above, "below": below, "or_zero": or_zero}
+    meta |= bounds(min=min, max=max, above=above, below=below, or_zero=or_zero)
     return field(default=default, metadata=meta)
+
+
+def bounds(
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    or_zero: bool = False,
+) -> dict[str, Any]:
+    """A number field's range as field metadata, read by :func:`range_error` (see :func:`option`)."""
+    return {"min": min, "max": max, "above": above, "below": below, "or_zero": or_zero}
+
+
+def first_range_error(obj: Any, flagged: list[Any]) -> str | None:
+    """The first of ``flagged`` (fields of ``obj``) whose value lies outside its range, as :func:`range_error`."""
+    for f in flagged:
+        problem = range_error(f, getattr(obj, f.name))
+        if problem:
+            return problem
+    return None
 
 
 DEFAULT_MODEL = "tiny-s"
@@ -425,10 +446,9 @@ def check_options(opts: NodeOptions) -> None:
 
     Standard library only, so the command line refuses bad input before torch loads.
     """
-    for f in option_fields(type(opts)):
-        problem = range_error(f, getattr(opts, f.name))
-        if problem:
-            raise ValueError(problem)
+    problem = first_range_error(opts, option_fields(type(opts)))
+    if problem:
+        raise ValueError(problem)
     if opts.max_source_share * opts.local_groups < 1:
         raise ValueError(
             f"--max-source-share {opts.max_source_share:g} with --local {opts.local_groups} lets a peer supply less "

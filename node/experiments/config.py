@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from node.core.options import NodeOptions, choices_of
+from node.core.options import NodeOptions, bounds, choices_of, first_range_error
 from node.core.pool import SAMPLING_POLICIES
 from node.experiments.results import parse_split
 from node.training.offpolicy import OBJECTIVES
@@ -22,18 +22,34 @@ AGGREGATORS = choices_of(NodeOptions, "aggregator")  # no swarm import: the CLI 
 logger = logging.getLogger(__name__)
 
 
+def ranged(
+    meta: dict[str, Any],
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+) -> dict[str, Any]:
+    """A field's metadata with its number range, checked as a node's options are (:func:`node.core.options.bounds`)."""
+    return meta | bounds(min=min, max=max, above=above, below=below)
+
+
 @dataclass
 class ExperimentConfig:
     """A sweep: sampling policies x local/external splits x seeds, each a local swarm."""
 
-    nodes: int = field(default=4, metadata={"help": "Node processes per run (127.0.0.1)."})
+    nodes: int = field(default=4, metadata=ranged({"help": "Node processes per run (127.0.0.1)."}, min=1, max=64))
     splits: tuple[str, ...] = field(
         default=("8/0", "6/2", "4/4", "2/6"),
         metadata={"help": "Local/external splits I/J; I + J must be equal for all (equal compute per node)."},
     )
-    seeds: int = field(default=2, metadata={"help": "Repetitions of each configuration with different seeds."})
-    seed_base: int = field(default=0, metadata={"help": "Run k uses seed seed_base + 100 k (node i adds i)."})
-    rounds: int = field(default=150, metadata={"help": "Rounds per node in every run."})
+    seeds: int = field(
+        default=2, metadata=ranged({"help": "Repetitions of each configuration with different seeds."}, min=1)
+    )
+    seed_base: int = field(
+        default=0, metadata=ranged({"help": "Run k uses seed seed_base + 100 k (node i adds i)."}, min=0)
+    )
+    rounds: int = field(default=150, metadata=ranged({"help": "Rounds per node in every run."}, min=1))
     sampling: tuple[str, ...] = field(
         default=("advantage",),  # a node's own default (node.core.options)
         metadata={"help": "External sampling policies to compare: " + ", ".join(SAMPLING_POLICIES) + "."},
@@ -49,25 +65,34 @@ class ExperimentConfig:
                   "Synced runs need nodes of one model (--models tiny-m)."},
     )  # fmt: skip
     outer_lr: float | None = field(
-        default=None, metadata={"help": "Outer learning rate of synced runs (default: the node's)."}
+        default=None,
+        metadata=ranged({"help": "Outer learning rate of synced runs (default: the node's)."}, above=0, max=10),
     )
     outer_momentum: float | None = field(
-        default=None, metadata={"help": "Outer momentum of synced runs (default: the node's)."}
+        default=None, metadata=ranged({"help": "Outer momentum of synced runs (default: the node's)."}, min=0, below=1)
     )
     sync_aggregator: str = field(
         default="", metadata={"help": "Aggregator of synced runs' outer step (default: the node's)."}
     )
     warm_start: int = field(
         default=0,
-        metadata={"help": "Supervised warm-start steps every node takes before its first round (one shared prior, "
-                  "SAPO's same-model regime); 0: off."},
+        metadata=ranged(
+            {"help": "Supervised warm-start steps every node takes before its first round (one shared prior, "
+             "SAPO's same-model regime); 0: off."},
+            min=0, max=100_000,
+        ),
     )  # fmt: skip
     eval_every: int = field(
-        default=20, metadata={"help": "Rounds between held-out evaluations of every node (0: off)."}
+        default=20, metadata=ranged({"help": "Rounds between held-out evaluations of every node (0: off)."}, min=0)
     )
-    eval_items: int = field(default=64, metadata={"help": "Held-out questions per task family."})
+    eval_items: int = field(
+        default=64, metadata=ranged({"help": "Held-out questions per task family."}, min=1, max=4096)
+    )
     eval_samples: int = field(
-        default=4, metadata={"help": "Sampled completions per held-out question (0: greedy accuracy only)."}
+        default=4,
+        metadata=ranged(
+            {"help": "Sampled completions per held-out question (0: greedy accuracy only)."}, min=0, max=64
+        ),
     )
     primary: str = field(
         default="",
@@ -86,16 +111,26 @@ class ExperimentConfig:
     models: tuple[str, ...] = field(
         default=(), metadata={"help": "Models assigned round-robin to nodes (empty: swarm-node local's mix)."}
     )
-    generations: int = field(default=8, metadata={"help": "G: completions per question."})
-    lr: float | None = field(default=None, metadata={"help": "Learning rate (default: GRPOConfig's)."})
-    max_new_tokens: int = field(default=0, metadata={"help": "Tokens per completion (0: the node's default)."})
-    round_timeout: float = field(default=300.0, metadata={"help": "Fail a run if no node progresses this long (s)."})
+    generations: int = field(default=8, metadata=ranged({"help": "G: completions per question."}, min=2, max=64))
+    lr: float | None = field(
+        default=None, metadata=ranged({"help": "Learning rate (default: GRPOConfig's)."}, above=0, below=1)
+    )
+    max_new_tokens: int = field(
+        default=0, metadata=ranged({"help": "Tokens per completion (0: the node's default)."}, min=0)
+    )
+    round_timeout: float = field(
+        default=300.0, metadata=ranged({"help": "Fail a run if no node progresses this long (s)."}, above=0)
+    )
     min_generate: float = field(
         default=0.0,
-        metadata={
-            "help": "Shortest a round's generation lasts (s): tiny models then keep a real model's round length, "
-            "so the network has the time it would have in a real swarm (0: off)."
-        },
+        metadata=ranged(
+            {
+                "help": "Shortest a round's generation lasts (s): tiny models then keep a real model's round length, "
+                "so the network has the time it would have in a real swarm (0: off)."
+            },
+            min=0,
+            max=3600,
+        ),
     )
     out: str = field(default="runs/experiment", metadata={"help": "Results folder (reused to resume)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress display."})
@@ -113,33 +148,18 @@ class ExperimentConfig:
             raise ValueError(
                 f"sync_every={','.join(map(str, self.sync_every))}; use whole numbers of rounds, e.g. 0,10"
             ) from None
+        problem = first_range_error(self, [f for f in fields(self) if "min" in f.metadata])
+        if problem:
+            raise ValueError(problem)
         checks = [
-            (1 <= self.nodes <= 64, f"nodes={self.nodes}; use 1-64"),
-            (self.seeds >= 1, f"seeds={self.seeds}; use at least 1"),
-            (self.seed_base >= 0, f"seed_base={self.seed_base}; use 0 or more"),
-            (self.rounds >= 1, f"rounds={self.rounds}; use at least 1"),
             (bool(self.splits), "splits is empty; give at least one, e.g. 8/0,4/4"),
             (bool(self.sampling), "sampling is empty; use uniform, advantage or both"),
-            (2 <= self.generations <= 64, f"generations={self.generations}; GRPO needs 2-64"),
-            (self.lr is None or 0 < self.lr < 1, f"lr={self.lr}; use a value in (0, 1)"),
-            (self.max_new_tokens >= 0, f"max_new_tokens={self.max_new_tokens}; use 0 (default) or more"),
-            (self.round_timeout > 0, f"round_timeout={self.round_timeout}; use a positive number of seconds"),
-            (0 <= self.min_generate <= 3600, f"min_generate={self.min_generate}; use seconds in [0, 3600] (0: off)"),
             (bool(self.sync_every) and min(self.sync_every) >= 0, "sync_every needs values >= 0, e.g. 0,10"),
             (len(set(self.sync_every)) == len(self.sync_every), "sync_every has duplicates; e.g. 0,10"),
-            (self.outer_lr is None or 0 < self.outer_lr <= 10, f"outer_lr={self.outer_lr}; use a value in (0, 10]"),
-            (
-                self.outer_momentum is None or 0 <= self.outer_momentum < 1,
-                f"outer_momentum={self.outer_momentum}; use a value in [0, 1)",
-            ),
             (
                 self.sync_aggregator in ("", *AGGREGATORS),
                 f"sync_aggregator={self.sync_aggregator!r}; use one of {', '.join(AGGREGATORS)}",
             ),
-            (0 <= self.warm_start <= 100_000, f"warm_start={self.warm_start}; use 0 (off) to 100000 steps"),
-            (self.eval_every >= 0, f"eval_every={self.eval_every}; use 0 (off) or a number of rounds"),
-            (1 <= self.eval_items <= 4096, f"eval_items={self.eval_items}; use 1-4096"),
-            (0 <= self.eval_samples <= 64, f"eval_samples={self.eval_samples}; use 0-64"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import sys
 import time
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,8 @@ import pytest
 from node.cli.errors import CliError
 from node.cli.flags import _scalar_type
 from node.cli.main import main, parse_host_port
-from node.core.options import JoinOptions, LocalOptions, NodeOptions, flag_of, option_fields, option_types
+from node.core.options import JoinOptions, LocalOptions, NodeOptions, flag_of, option_fields
+from node.experiments.config import ExperimentConfig
 
 
 def test_host_port_forms() -> None:
@@ -84,26 +87,33 @@ def _out_of_range(meta: Any, kind: Any) -> float:
     return meta["max"] + 1  # type: ignore[no-any-return]
 
 
-def _ranged(cls: type[NodeOptions]) -> list[tuple[str, str]]:
-    """(flag, out-of-range value) for every option of ``cls`` with a range."""
-    hints = option_types(cls)
+def _ranged(cls: type[Any]) -> list[tuple[str, str]]:
+    """(flag, out-of-range value) for every field of ``cls`` (options or ``ExperimentConfig``) with a range."""
+    hints = typing.get_type_hints(cls)
     out = []
-    for f in option_fields(cls):
-        if any(f.metadata[k] is not None for k in ("min", "max", "above", "below")):
+    for f in dataclasses.fields(cls):
+        if any(f.metadata.get(k) is not None for k in ("min", "max", "above", "below")):
             kind = _scalar_type(hints[f.name])
             value = _out_of_range(f.metadata, kind)
             out.append((flag_of(f), str(int(value)) if kind is int else f"{value:g}"))
     return out
 
 
-@pytest.mark.parametrize("command", ["start", "join", "local"])
+COMMANDS: dict[str, tuple[type[Any], int]] = {
+    "start": (NodeOptions, 30), "join": (JoinOptions, 30), "local": (LocalOptions, 30),
+    "experiment": (ExperimentConfig, 15),
+}  # fmt: skip
+"""Each command's options and how many of them at least have a range (so the walk is not vacuous)."""
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
 def test_every_out_of_range_option_is_one_sentence_naming_its_flag(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cls = {"start": NodeOptions, "join": JoinOptions, "local": LocalOptions}[command]
+    cls, ranged = COMMANDS[command]
     peer = ["--peer", "/ip4/127.0.0.1/tcp/1"] if command == "join" else []
     cases = _ranged(cls)
-    assert len(cases) >= 30  # the walk is not vacuous
+    assert len(cases) >= ranged
     for flag, value in cases:
         t0 = time.monotonic()
         code = main([command, *peer, flag, value])
