@@ -42,6 +42,7 @@ from swarm.dht_storage import StorageBudget, StorageStats, install_budgets, stor
 from swarm.errors import BootstrapFailed, PortInUse
 from swarm.identity import Identity
 from swarm.loop import LoopThread
+from swarm.maddr import no_peer_id, not_a_multiaddr, peer_address_problem
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +52,15 @@ def parse_peer_multiaddr(text: str) -> Multiaddr:
 
     Raises ValueError with a sentence saying what a valid one looks like.
     """
-    example = "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooW..."
+    problem = peer_address_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
     try:
         maddr = Multiaddr(text)
     except Exception:
-        raise ValueError(f"{text!r} is not a multiaddr; expected something like {example}") from None
+        raise ValueError(not_a_multiaddr(text)) from None
     if "p2p" not in [p.name for p in maddr.protocols()]:
-        raise ValueError(f"{text!r} has no /p2p/<peer id> part; copy the full address printed by the first node")
+        raise ValueError(no_peer_id(text))
     return maddr
 
 

@@ -26,6 +26,8 @@ from node.core.options import (
     options_from,
     to_argv,
 )
+from node.training.names import model_name_error
+from swarm.maddr import peer_address_problem
 
 
 def _add_common(p: argparse.ArgumentParser, cls: type[NodeOptions]) -> None:
@@ -123,7 +125,24 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
             check_options(options_from(OPTIONS[args.command], args))
         except ValueError as e:
             raise CliError(str(e)) from None
+    problem = _model_or_peer_problem(args)
+    if problem:
+        raise CliError(problem)
     return args
+
+
+def _model_or_peer_problem(args: argparse.Namespace) -> str | None:
+    """A mistyped ``--model``/``--models`` or ``--peer``, found without loading torch or hivemind."""
+    models = [("--model", getattr(args, "model", None) or "")]
+    listed = getattr(args, "models", None) or ""  # a comma list for local, a tuple for experiment
+    models += [("--models", m) for m in (listed if isinstance(listed, (list, tuple)) else str(listed).split(","))]
+    for flag, name in models:
+        if name.strip() and (problem := model_name_error(name.strip(), flag)):
+            return problem
+    for peer in getattr(args, "peer", None) or ():
+        if problem := peer_address_problem(peer):
+            return problem
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

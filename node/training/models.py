@@ -36,6 +36,7 @@ from node.training.model_cache import (
     ModelPackageMissing,
     ensure_converted,
 )
+from node.training.names import model_name_error
 from node.training.tokenizer import char_tokenizer
 
 if TYPE_CHECKING:
@@ -128,8 +129,7 @@ def builtin_config(name: str, vocab_size: int) -> PretrainedConfig:
 
 
 def _not_found_message(name: str) -> str:
-    valid = ", ".join([*sorted(BUILTIN_MODELS), *sorted(PACKAGED_MODELS)])
-    return f"Unknown model {name!r}: use a registry model ({valid}) or the path of a local Hugging Face model folder."
+    return model_name_error(name) or f"--model {name}: unknown model"
 
 
 def _model_class(model_type: str) -> type[PreTrainedModel]:
@@ -208,11 +208,10 @@ def check_model_name(name_or_path: str) -> None:
     Reads nothing and converts nothing: a node checks its ``--model`` before it joins the swarm and
     loads the model after.
     """
-    if name_or_path in BUILTIN_MODELS or name_or_path in PACKAGED_MODELS or os.path.isdir(name_or_path):
+    problem = model_name_error(name_or_path)
+    if problem is None:
         return
-    if os.path.exists(name_or_path):
-        raise NotACausalLM(f"{os.path.abspath(name_or_path)} is a file; --model needs a model folder or a name.")
-    raise ModelNotFound(_not_found_message(name_or_path))
+    raise (NotACausalLM if os.path.exists(name_or_path) else ModelNotFound)(problem)
 
 
 def resolve_model_path(name_or_path: str, cache_dir: str | os.PathLike[str] | None = None) -> str | None:

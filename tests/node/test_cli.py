@@ -144,12 +144,15 @@ def test_bad_ranges_fail_fast_before_torch_is_imported() -> None:
     code = (
         "import sys, time\nfrom node.cli.main import main\n"
         "bad = (['start', '--rounds', '-5'], ['local', '--nodes', '0'], ['start', '--sync-period', '0.5'],\n"
-        "       ['join', '--peer', '/ip4/127.0.0.1/tcp/1', '--eval-timeout', '0'])\n"
+        "       ['join', '--peer', '/ip4/127.0.0.1/tcp/1', '--eval-timeout', '0'], ['start', '--model', 'nope'],\n"
+        "       ['join', '--peer', 'garbage'], ['join', '--peer', '/ip4/127.0.0.1/tcp/1'],\n"
+        "       ['local', '--models', 'x'])\n"
         "t0 = time.monotonic()\ncodes = [main(a) for a in bad]\n"
         "print(codes, 'torch' in sys.modules, time.monotonic() - t0 < 1.0)"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-    assert res.stdout.strip() == "[2, 2, 2, 2] False True", res.stderr
+    assert res.stdout.strip() == "[2, 2, 2, 2, 2, 2, 2, 2] False True", res.stderr  # neither torch nor hivemind
     lines = res.stderr.strip().splitlines()
-    assert lines[0] == "swarm-node: error: --rounds must be >= 0, got -5" and len(lines) == 4
+    assert lines[0] == "swarm-node: error: --rounds must be >= 0, got -5" and len(lines) == 8
+    assert "--model nope: unknown model" in lines[4] and "is not a multiaddr" in lines[5] and "/p2p/" in lines[6]
     assert "Traceback" not in res.stderr

@@ -144,3 +144,11 @@ def test_long_prompt_is_cut_to_the_context_and_bf16_autocast_runs() -> None:
     logp, mask = policy.token_logprobs([long_prompt], ["abc"])
     assert len(out[0]) == 2 and logp.shape == mask.shape == (1, 4)
     assert Policy(model, tok, mid).compute_dtype is None  # CPU: float32 compute
+
+
+def test_the_names_the_command_line_checks_are_the_registrys() -> None:
+    from node.training.model_cache import PACKAGED_MODELS
+    from node.training.models import BUILTIN_MODELS
+    from node.training.names import BUILTIN_MODEL_NAMES, PACKAGED_MODEL_NAMES
+
+    assert set(BUILTIN_MODEL_NAMES) == set(BUILTIN_MODELS) and set(PACKAGED_MODEL_NAMES) == set(PACKAGED_MODELS)

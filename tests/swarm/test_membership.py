@@ -16,6 +16,7 @@ import pytest
 from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 
+from protocol import SigningKey
 from swarm.addressbook import listen_port, save_port
 from swarm.dht_storage import (
     KEY_OVERHEAD_BYTES,
@@ -28,6 +29,7 @@ from swarm.dht_storage import (
 )
 from swarm.errors import BootstrapFailed, PortInUse
 from swarm.identity import load_or_create
+from swarm.maddr import peer_address_problem
 from swarm.membership import Membership, MembershipConfig, parse_peer_multiaddr
 
 network = pytest.mark.network
@@ -121,6 +123,22 @@ def test_multiaddr_validation() -> None:
         parse_peer_multiaddr("/ip4/127.0.0.1/tcp/5")
     with pytest.raises(ValueError, match="port 70000"):
         MembershipConfig(port=70000)
+
+
+def test_every_address_the_full_parser_takes_passes_the_quick_shape_check() -> None:
+    """The command line checks a --peer's shape without hivemind; it must never refuse a good address."""
+    a, b = (SigningKey.generate().peer_id for _ in range(2))
+    good = [
+        f"/ip4/203.0.113.5/tcp/31337/p2p/{a}", f"/ip6/::1/tcp/1/p2p/{a}", f"/dns4/node.example/tcp/1/p2p/{a}",
+        f"/ip4/10.0.0.1/udp/4001/quic-v1/p2p/{a}", f"/ip4/10.0.0.1/tcp/1/p2p/{a}/p2p-circuit/p2p/{b}",
+    ]  # fmt: skip
+    for text in good:
+        parse_peer_multiaddr(text)
+        assert peer_address_problem(text) is None, text
+    for bad in ("garbage", "/ip4/300.1.1.1/tcp/1/p2p/x", "/ip4/1.2.3.4/tcp/99999/p2p/x", "//tcp/1", ""):
+        assert peer_address_problem(bad) is not None, bad
+        with pytest.raises(ValueError):
+            parse_peer_multiaddr(bad)
 
 
 def test_dht_bounds_are_validated_and_name_the_fix() -> None:
