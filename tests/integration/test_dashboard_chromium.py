@@ -29,6 +29,7 @@ def local_swarm(procs: Procs) -> Iterator[tuple[str, Path]]:
     log_dir = procs.root / "runs"
     cmd = [PYTHON, "-m", "node", "local", "--nodes", "2", "--rounds", "1000000", "--local", "2"]
     cmd += ["--generations", "4", "--seed", "1", "--log-dir", str(log_dir), "--dashboard-port", "0"]
+    cmd += ["--models", "tiny-s", "--sync-every", "3"]  # one architecture: the outer sync has a partner
     local = procs.start("local", cmd)
     try:
         wait_for(lambda: "nodes up" in local.output(), 120, "the local swarm", poll=0.25, watch=[local])
@@ -50,6 +51,10 @@ def _rounds_in_files(log_dir: Path) -> int:
     return sum(len(list(read_events(p, "round"))) for p in log_dir.glob("*/metrics.jsonl"))
 
 
+def _commits_in_files(log_dir: Path) -> int:
+    return sum(sum(1 for e in read_events(p, "sync") if e.get("committed")) for p in log_dir.glob("*/metrics.jsonl"))
+
+
 def test_dashboard_in_chromium(local_swarm: tuple[str, Path]) -> None:
     binary = find_chromium()
     if binary is None:
@@ -67,10 +72,14 @@ def test_dashboard_in_chromium(local_swarm: tuple[str, Path]) -> None:
     assert rounds_before > 0
 
     wait_for(lambda: _rounds_in_files(log_dir) >= rounds_before + 6, 60, "more rounds")
+    wait_for(lambda: _commits_in_files(log_dir) >= 2, 120, "an outer sync committed by both nodes")
     second = dump_dom(binary, url)
     assert int(_figure(second, "t-rounds")) > rounds_before, "the figures update"
     assert re.search(r'data-k="memory">\d+ / \d+<', second), "each node's memory: node / DHT and p2pd"
     assert re.search(r'<tr data-publisher="\w+">', second), "the peers table lists the other node"
+    assert re.search(r'data-k="sync">[1-9]\d* / ', second), "the outer sync's commits"
+    last = re.findall(r'data-k="last_sync"[^>]*>([^<]*)<', second)  # the cell has a title: catch-ups, suspects
+    assert any(re.match(r"[a-z ]+(\([^)]*\))?, \d+ peers, [\d.]+ s, ", x) for x in last), last
 
     metrics = urllib.request.urlopen(url + "metrics", timeout=10).read().decode()
     assert "# TYPE swarm_node_round gauge" in metrics
