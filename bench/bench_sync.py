@@ -55,6 +55,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -484,11 +485,8 @@ def _parse_links(parser: argparse.ArgumentParser, text: str) -> list[str]:
 def run_link(link: str, args: argparse.Namespace, parts: set[str], work: Path) -> list[dict[str, Any]]:
     """Every size over one link; the namespaces (if any) live exactly as long as the link's runs."""
     rows: list[dict[str, Any]] = []
-    if link == "lo":
-        for millions in (float(s) for s in args.sizes.split(",")):
-            rows += run_size(millions, args, parts, work, link, Net(None))
-        return rows
-    with netlinks.Links(PEERS, _rate_mbit(link)) as made:
+    made = None if link == "lo" else netlinks.Links(PEERS, _rate_mbit(link))
+    with made or contextlib.nullcontext():
         for millions in (float(s) for s in args.sizes.split(",")):
             rows += run_size(millions, args, parts, work, link, Net(made))
     return rows

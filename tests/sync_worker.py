@@ -227,7 +227,7 @@ class _Loop:
             self.steps = step
         self.train_s = time.time() - t0
         if self.runner is not None:  # leaving: wait (bounded) for the sync under way and apply it
-            report = self.runner.finish(self.cfg.max_sync_seconds())
+            report = self.runner.finish(self.sync.max_sync_seconds())
             if report is not None:
                 self._write(report, self.steps)
 
@@ -362,7 +362,7 @@ def main(argv: list[str]) -> int:
         fingerprint=sync.fingerprint,  # the sync namespace: the model's fingerprint and the outer rule
         revision=sync.revision,
         state_hash=sync.state_hash,
-        bound_s=cfg.max_sync_seconds(),
+        bound_s=sync.max_sync_seconds(),
         base_rss_mb=base_rss_mb,
         rest_rss_mb=_rss_mb(),
         time=time.time(),

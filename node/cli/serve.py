@@ -34,6 +34,7 @@ from node.observe.reach import reachability_advice
 from swarm.errors import SwarmError
 from swarm.identity import IdentityError
 from swarm.membership import parse_peer_multiaddr
+from swarm.sync.tensors import float_params
 
 if TYPE_CHECKING:
     from node.dashboard.server import Dashboard
@@ -96,6 +97,12 @@ def _wait_for_go(path: Path, node: Node) -> None:
         node.stop_event.wait(0.05)
 
 
+def _synced_params(node: Node) -> int:
+    """How many parameters the outer sync averages (0 before the model is built): its time bound grows with them."""
+    policy = getattr(node, "policy", None)
+    return sum(p.numel() for p in float_params(policy.model)) if policy is not None else 0
+
+
 def start_leave_watchdog(node: Node, bound_s: float = LEAVE_BOUND_S) -> threading.Thread:
     """After the stop signal, end the process if leaving takes longer than ``bound_s``.
 
@@ -105,7 +112,7 @@ def start_leave_watchdog(node: Node, bound_s: float = LEAVE_BOUND_S) -> threadin
 
     def watch() -> None:
         node.stop_event.wait()
-        extra = node.parts.sync.max_sync_seconds() if node.in_sync and node.parts.sync is not None else 0.0
+        extra = node.parts.sync.max_sync_seconds(_synced_params(node)) if node.in_sync and node.parts.sync else 0.0
         time.sleep(bound_s + extra)
         print(f"swarm-node: leaving took more than {bound_s + extra:.0f}s; exiting now", file=sys.stderr, flush=True)
         exit_now(EXIT_LEAVE_TIMEOUT)

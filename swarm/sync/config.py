@@ -275,9 +275,9 @@ class OuterSyncConfig:
         """Bound on downloading a state (anchor and momentum, float32) of ``n_elems`` parameters."""
         return max(self.state_timeout_s, self.transfer_s(8 * n_elems))
 
-    def max_sync_seconds(self, n_elems: int = 0) -> float:
-        """Upper bound on one ``sync_now`` (catch-up included) for a model of ``n_elems`` parameters (0: a
-        model small enough for the fixed bounds); see :mod:`swarm.sync.outer`."""
+    def max_sync_seconds(self, n_elems: int) -> float:
+        """Upper bound on one ``sync_now`` (catch-up included) for a model of ``n_elems`` parameters; see
+        :mod:`swarm.sync.outer` (:meth:`OuterSync.max_sync_seconds` passes its own model's size)."""
         d = self.dht_timeout_s
         round_s = self.matchmaking_timeout_s + self.allreduce_bound_s(n_elems) + max(self.commit_timeout_s, d)
         # two ping rounds: the catch-up check's (trusted peers at this state) and the orphan check's

@@ -221,6 +221,10 @@ class OuterSync:
         self.apply(outcome)
         return outcome.report
 
+    def max_sync_seconds(self) -> float:
+        """Upper bound on one round of this model (:meth:`OuterSyncConfig.max_sync_seconds`)."""
+        return self.cfg.max_sync_seconds(self._snap.anchor.numel())
+
     @property
     def anchor_step(self) -> int | None:
         """The inner step the applied anchor's un-synced progress starts at (None: not known)."""

@@ -327,7 +327,7 @@ def test_the_all_reduce_and_state_bounds_grow_with_the_models_bytes_on_the_slowe
     assert cfg.state_bound_s(50_000_000) == pytest.approx(200.0)  # anchor and momentum
     small = cfg.allreduce_bound_s(1_000_000), cfg.state_bound_s(1_000_000)
     assert small == (cfg.allreduce_timeout_s, cfg.state_timeout_s)  # a small model keeps the fixed bounds
-    extra = cfg.max_sync_seconds(50_000_000) - cfg.max_sync_seconds()
+    extra = cfg.max_sync_seconds(50_000_000) - cfg.max_sync_seconds(1_000_000)
     assert extra == pytest.approx(200.0 - cfg.allreduce_timeout_s + 200.0 - cfg.state_timeout_s)
     for compression in COMPRESSIONS:  # the bound's bytes cover what the encoding really sends
         assert encoded_size(10**6, compression) <= BYTES_PER_ELEMENT[compression] * 10**6 + 4  # a last scale
@@ -337,7 +337,7 @@ def test_config_bound_and_report_metrics() -> None:
     cfg = OuterSyncConfig(
         matchmaking_timeout_s=1, allreduce_timeout_s=2, commit_timeout_s=3, state_timeout_s=4, dht_timeout_s=1
     )
-    assert cfg.max_sync_seconds() == 1 + 2 + max(3, 1) + 4 + 2 * cfg.ping_timeout_s + 6 * 1 + 1.0
+    assert cfg.max_sync_seconds(1000) == 1 + 2 + max(3, 1) + 4 + 2 * cfg.ping_timeout_s + 6 * 1 + 1.0
     line = SyncReport(1.0, "p", 3, H0, True, 2, SyncOutcome.COMMITTED, 0.5, 10).to_metrics()
     assert line["event"] == "sync"
     keys = {"time", "peer", "revision", "state_hash", "committed", "group_size", "reason", "cause", "sync_s"}
