@@ -10,7 +10,7 @@ from types import FrameType
 from typing import Any
 
 from node.cli.errors import CliError
-from node.experiments.config import LIST_FIELDS, ExperimentConfig, load_config_file
+from node.experiments.config import LIST_FIELDS, ExperimentConfig, flag_of, load_config_file
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -24,17 +24,17 @@ def add_experiment_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--config", default=None, help="TOML or JSON file with ExperimentConfig fields")
     for f in fields(ExperimentConfig):
-        flag = "--" + f.name.replace("_", "-")
-        helptext = f.metadata["help"]
+        flag, helptext, dest = flag_of(f), f.metadata["help"], f.name
         if f.name in LIST_FIELDS:
             shown = ",".join(map(str, _default(f.name))) or "none"
-            p.add_argument(flag, type=_csv, default=None, help=f"{helptext} (comma-separated; default {shown})")
+            p.add_argument(
+                flag, dest=dest, type=_csv, default=None, help=f"{helptext} (comma-separated; default {shown})"
+            )
         elif isinstance(_default(f.name), bool):  # a switch: --no-NAME turns a default-on field off
-            off = "--no-" + f.name.replace("_", "-")
-            p.add_argument(off, dest=f.name, action="store_false", default=None, help=f"off: {helptext}")
+            p.add_argument("--no-" + flag[2:], dest=dest, action="store_false", default=None, help=f"off: {helptext}")
         else:
             kind = _kind(str(f.type))
-            p.add_argument(flag, type=kind, default=None, help=f"{helptext} (default {_default(f.name)})")
+            p.add_argument(flag, dest=dest, type=kind, default=None, help=f"{helptext} (default {_default(f.name)})")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
     return p
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from node.core.options import NodeOptions, bounds, choices_of, first_range_error
+from node.core.options import LocalOptions, NodeOptions, bounds, choices_of, first_range_error
 from node.core.pool import SAMPLING_POLICIES
 from node.experiments.results import parse_split
 from node.training.offpolicy import OBJECTIVES
@@ -32,6 +32,21 @@ def ranged(
 ) -> dict[str, Any]:
     """A field's metadata with its number range, checked as a node's options are (:func:`node.core.options.bounds`)."""
     return meta | bounds(min=min, max=max, above=above, below=below)
+
+
+def node_option(name: str, default: Any = MISSING, note: str = "") -> Any:
+    """A field that is the node option ``name``: its flag, help, range and choices, and its default unless the
+    sweep states its own (``note`` then says why, in the help)."""
+    f = next(f for f in fields(LocalOptions) if f.name == name)
+    meta = dict(f.metadata)
+    if note:
+        meta["help"] = f"{meta['help']}; {note}"
+    return field(default=f.default if default is MISSING else default, metadata=meta)
+
+
+def flag_of(f: Any) -> str:
+    """A field's flag: the node option's spelling where it has one, else ``--field-name``."""
+    return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
 
 
 @dataclass
@@ -71,17 +86,8 @@ class ExperimentConfig:
     outer_momentum: float | None = field(
         default=None, metadata=ranged({"help": "Outer momentum of synced runs (default: the node's)."}, min=0, below=1)
     )
-    sync_aggregator: str = field(
-        default="", metadata={"help": "Aggregator of synced runs' outer step (default: the node's)."}
-    )
-    warm_start: int = field(
-        default=0,
-        metadata=ranged(
-            {"help": "Supervised warm-start steps every node takes before its first round (one shared prior, "
-             "SAPO's same-model regime); 0: off."},
-            min=0, max=100_000,
-        ),
-    )  # fmt: skip
+    aggregator: str = node_option("aggregator")
+    warm_start_steps: int = node_option("warm_start_steps")
     eval_every: int = field(
         default=20, metadata=ranged({"help": "Rounds between held-out evaluations of every node (0: off)."}, min=0)
     )
@@ -104,34 +110,20 @@ class ExperimentConfig:
         metadata={"help": "No-sharing splits with more local groups (e.g. 16/0: twice the local data), shown for "
                   "reference and marked as not equal compute."},
     )  # fmt: skip
-    diagnose: bool = field(
-        default=True, metadata={"help": "Nodes record per-source log-probs, weights and gradient shares."}
-    )
+    diagnose_groups: bool = node_option("diagnose_groups", True, "on in a sweep: its tables read them")
     tasks: tuple[str, ...] = field(default=(), metadata={"help": "Task families (empty: all built-in families)."})
     models: tuple[str, ...] = field(
         default=(), metadata={"help": "Models assigned round-robin to nodes (empty: swarm-node local's mix)."}
     )
-    generations: int = field(default=8, metadata=ranged({"help": "G: completions per question."}, min=2, max=64))
-    lr: float | None = field(
-        default=None, metadata=ranged({"help": "Learning rate (default: GRPOConfig's)."}, above=0, below=1)
-    )
+    num_generations: int = node_option("num_generations")
+    learning_rate: float | None = node_option("learning_rate")
     max_new_tokens: int = field(
         default=0, metadata=ranged({"help": "Tokens per completion (0: the node's default)."}, min=0)
     )
     round_timeout: float = field(
         default=300.0, metadata=ranged({"help": "Fail a run if no node progresses this long (s)."}, above=0)
     )
-    min_generate: float = field(
-        default=0.0,
-        metadata=ranged(
-            {
-                "help": "Shortest a round's generation lasts (s): tiny models then keep a real model's round length, "
-                "so the network has the time it would have in a real swarm (0: off)."
-            },
-            min=0,
-            max=3600,
-        ),
-    )
+    min_generate_s: float = node_option("min_generate_s")
     out: str = field(default="runs/experiment", metadata={"help": "Results folder (reused to resume)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress display."})
 
@@ -157,8 +149,8 @@ class ExperimentConfig:
             (bool(self.sync_every) and min(self.sync_every) >= 0, "sync_every needs values >= 0, e.g. 0,10"),
             (len(set(self.sync_every)) == len(self.sync_every), "sync_every has duplicates; e.g. 0,10"),
             (
-                self.sync_aggregator in ("", *AGGREGATORS),
-                f"sync_aggregator={self.sync_aggregator!r}; use one of {', '.join(AGGREGATORS)}",
+                self.aggregator in AGGREGATORS,
+                f"aggregator={self.aggregator!r}; use one of {', '.join(AGGREGATORS)}",
             ),
         ]
         for ok, msg in checks:
@@ -226,8 +218,10 @@ def load_config_file(path: Path) -> dict[str, Any]:
         raise ValueError("TOML config files need Python 3.11+; use a .json file") from None
     except ValueError as e:  # TOMLDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(f"--config {path} does not parse: {e}") from None
-    known = {f.name for f in fields(ExperimentConfig)}
-    unknown = sorted(set(data) - known)
+    by_key = {f.name: f.name for f in fields(ExperimentConfig)}
+    by_key |= {flag_of(f)[2:].replace("-", "_"): f.name for f in fields(ExperimentConfig)}  # the flag's spelling
+    unknown = sorted(set(data) - set(by_key))
     if unknown:
-        raise ValueError(f"--config {path}: unknown keys {unknown}; known: {sorted(known)}")
-    return {k: tuple(v) if k in LIST_FIELDS and isinstance(v, list) else v for k, v in data.items()}
+        raise ValueError(f"--config {path}: unknown keys {unknown}; known: {sorted(by_key)}")
+    values = {by_key[k]: v for k, v in data.items()}
+    return {k: tuple(v) if k in LIST_FIELDS and isinstance(v, list) else v for k, v in values.items()}

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from node.core.options import LocalOptions, to_argv
@@ -125,25 +125,30 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+PER_RUN = {"sampling", "sync_every"}
+"""Node options a sweep varies: each run takes one value of the axis (:class:`Run`)."""
+SYNCED_ONLY = {"outer_lr", "outer_momentum", "aggregator"}
+"""Node options a sweep passes only to its synced runs (a node says a sync setting without a sync is idle)."""
+
+
 def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path) -> list[str]:
-    """The ``swarm-node local`` command line of one run (flags generated from :class:`LocalOptions`)."""
+    """The ``swarm-node local`` command line of one run (flags generated from :class:`LocalOptions`).
+
+    Every sweep field that is a node option of the same name passes through
+    (None: the node's default); the run's place in the sweep sets the rest.
+    """
     objective = OffPolicyConfig.preset(run.objective)
+    shared = {f.name for f in fields(LocalOptions)} & {f.name for f in fields(ExperimentConfig)}
+    values = {n: getattr(cfg, n) for n in sorted(shared - PER_RUN) if getattr(cfg, n) is not None}
+    if not run.sync_every:
+        values = {n: v for n, v in values.items() if n not in SYNCED_ONLY}
     opts = LocalOptions(
-        nodes=cfg.nodes, rounds=cfg.rounds, local_groups=run.local, external_groups=run.external,
-        sampling=run.sampling, seed=run.seed, num_generations=cfg.generations, log_dir=str(run_dir),
-        round_timeout=cfg.round_timeout, swarm_id=f"exp-{run.label}-{run.local}-{run.seed}", no_dashboard=True,
-        models=",".join(cfg.models), learning_rate=cfg.lr, max_new_tokens=cfg.max_new_tokens, tasks=tuple(cfg.tasks),
-        min_token_logp=objective.min_token_logp, is_cap=objective.is_cap, baseline=objective.baseline,
-        diagnose_groups=cfg.diagnose, min_generate_s=cfg.min_generate, sync_every=run.sync_every,
-        warm_start_steps=cfg.warm_start, eval_every=cfg.eval_every, eval_items=cfg.eval_items,
-        eval_samples=cfg.eval_samples,
+        **values | {"models": ",".join(cfg.models), "tasks": tuple(cfg.tasks)},
+        local_groups=run.local, external_groups=run.external, sampling=run.sampling, seed=run.seed,
+        sync_every=run.sync_every, log_dir=str(run_dir), swarm_id=f"exp-{run.label}-{run.local}-{run.seed}",
+        no_dashboard=True, min_token_logp=objective.min_token_logp, is_cap=objective.is_cap,
+        baseline=objective.baseline,
     )  # fmt: skip
-    if run.sync_every and cfg.outer_lr is not None:
-        opts.outer_lr = cfg.outer_lr
-    if run.sync_every and cfg.outer_momentum is not None:
-        opts.outer_momentum = cfg.outer_momentum
-    if run.sync_every and cfg.sync_aggregator:
-        opts.aggregator = cfg.sync_aggregator
     return [sys.executable, "-m", "node", "local", *to_argv(opts, only="changed")]
 
 
@@ -268,7 +273,7 @@ def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path) ->
         "runs": [r.to_json() for r in results],
     }
     write_atomic(out / "results.json", json.dumps(data))
-    title = f"{cfg.nodes} nodes, {cfg.rounds} rounds, {cfg.generations} completions/question, tasks: "
+    title = f"{cfg.nodes} nodes, {cfg.rounds} rounds, {cfg.num_generations} completions/question, tasks: "
     title += ",".join(cfg.tasks) or "all"
     # a no-sharing split is the same runs under every policy: its rows once, under the first policy
     shown = [s for s in summaries if shown_row(s.sampling, s.split)]

@@ -147,7 +147,7 @@ def test_plan_runs_runs_no_sharing_once() -> None:
 
 
 def test_local_command_has_equal_compute_split(tmp_path: Path) -> None:
-    cfg = ExperimentConfig(nodes=3, models=("tiny-s", "tiny-m"), tasks=("max",), lr=0.002)
+    cfg = ExperimentConfig(nodes=3, models=("tiny-s", "tiny-m"), tasks=("max",), learning_rate=0.002)
     cmd = local_command(cfg, Run("advantage", 6, 2, 100), tmp_path)
     assert cmd[1:4] == ["-m", "node", "local"]
     args = build_parser().parse_args(cmd[3:])  # the generated flags parse back to the run's values
@@ -176,6 +176,21 @@ def test_config_file_and_flags(tmp_path: Path) -> None:
     path.write_text(json.dumps({"nodez": 3}))
     with pytest.raises(ValueError, match="unknown keys"):
         config_from_args(build_parser().parse_args(["experiment", "--config", str(path)]))
+    # a node option's key is its field name or its flag's spelling, as in a node's config file
+    path.write_text(json.dumps({"generations": 4, "lr": 0.01, "warm_start_steps": 5, "sync_aggregator": "mean"}))
+    cfg = config_from_args(build_parser().parse_args(["experiment", "--config", str(path), "--min-generate", "2"]))
+    assert (cfg.num_generations, cfg.learning_rate, cfg.warm_start_steps, cfg.aggregator) == (4, 0.01, 5, "mean")
+    assert cfg.min_generate_s == 2.0
+
+
+def test_the_sweep_passes_its_node_options_through_by_name(tmp_path: Path) -> None:
+    # every sweep field named as a node option reaches the runs' nodes; the sync's only the synced runs'
+    cfg = ExperimentConfig(num_generations=4, learning_rate=0.01, sync_every=(0, 5), outer_lr=0.5, aggregator="mean")
+    argv = {r.sync_every: local_command(cfg, r, tmp_path) for r in plan_runs(cfg)}
+    for flag in ("--generations", "--lr"):
+        assert all(flag in a for a in argv.values()), flag
+    assert "--outer-lr" in argv[5] and "--sync-aggregator" in argv[5]
+    assert "--outer-lr" not in argv[0] and "--sync-aggregator" not in argv[0]
 
 
 def test_marker_is_atomic(tmp_path: Path) -> None:
@@ -228,8 +243,8 @@ def test_local_command_carries_the_objective(tmp_path: Path) -> None:
     assert args.diagnose_groups
     filt = build_parser().parse_args(local_command(ExperimentConfig(), Run("uniform", 4, 4, 0, "filter"), tmp_path)[3:])
     assert filt.min_token_logp == -5.0 and filt.is_cap == 0.0
-    off = config_from_args(build_parser().parse_args(["experiment", "--no-diagnose"]))
-    assert not off.diagnose
+    off = config_from_args(build_parser().parse_args(["experiment", "--no-diagnose-groups"]))
+    assert not off.diagnose_groups
 
 
 def test_reference_split_is_not_the_baseline() -> None:
