@@ -105,11 +105,21 @@ class SyncRunner:
         """
         if self._thread is not None:
             self.sync.cancel()
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
+            if not self.ended(timeout_s):
                 logger.warning("an outer sync still runs %.0fs after leaving began; leaving without it", timeout_s)
                 return None
         return self._apply_finished()
+
+    def ended(self, timeout_s: float = 0.0) -> bool:
+        """Whether no sync runs on the sync thread, waiting at most ``timeout_s`` for one that does to end.
+
+        An ended sync's outcome still waits for the next round boundary to be applied.
+        """
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
 
     def state_dict(self) -> dict[str, Any]:
         return self.sync.state_dict()
