@@ -1,4 +1,5 @@
-"""``swarm-node experiment``: flags generated from :class:`ExperimentConfig`, and the command itself."""
+"""``swarm-node experiment``: flags generated from :class:`ExperimentConfig` (as a node's from its options), and
+the command itself."""
 
 from __future__ import annotations
 
@@ -10,43 +11,20 @@ from types import FrameType
 from typing import Any
 
 from node.cli.errors import CliError
-from node.experiments.config import LIST_FIELDS, ExperimentConfig, flag_of, load_config_file
-
-
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
+from node.cli.flags import add_option_flags
+from node.experiments.config import ExperimentConfig, load_config_file
 
 
 def add_experiment_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add the ``experiment`` subcommand to the subparsers of ``swarm-node``."""
+    """Add the ``experiment`` subcommand to the subparsers of ``swarm-node``: its flags come from the node's
+    generator, each defaulting to None so that ``--config``'s values show through where no flag is given."""
     p: argparse.ArgumentParser = sub.add_parser(
         "experiment", help="SAPO's sharing table: local swarms per split and seed, table and plots"
     )
     p.add_argument("--config", default=None, help="TOML or JSON file with ExperimentConfig fields")
-    for f in fields(ExperimentConfig):
-        flag, helptext, dest = flag_of(f), f.metadata["help"], f.name
-        if f.name in LIST_FIELDS:
-            shown = ",".join(map(str, _default(f.name))) or "none"
-            p.add_argument(
-                flag, dest=dest, type=_csv, default=None, help=f"{helptext} (comma-separated; default {shown})"
-            )
-        elif isinstance(_default(f.name), bool):  # a switch: --no-NAME turns a default-on field off
-            p.add_argument("--no-" + flag[2:], dest=dest, action="store_false", default=None, help=f"off: {helptext}")
-        else:
-            kind = _kind(str(f.type))
-            p.add_argument(flag, dest=dest, type=kind, default=None, help=f"{helptext} (default {_default(f.name)})")
+    add_option_flags(p, ExperimentConfig, overlay=True)
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
     return p
-
-
-def _kind(annotation: str) -> type:
-    """The flag's parser from the field's annotation ("float | None" -> float): one source of truth."""
-    kinds: dict[str, type] = {"float": float, "int": int, "str": str}
-    return kinds[annotation.split("|")[0].strip()]
-
-
-def _default(name: str) -> Any:
-    return getattr(ExperimentConfig(), name)
 
 
 def config_from_args(args: argparse.Namespace) -> ExperimentConfig:

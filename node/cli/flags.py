@@ -1,9 +1,10 @@
-"""argparse flags generated from the option dataclasses of :mod:`node.core.options`.
+"""argparse flags generated from option dataclasses: the node's (:mod:`node.core.options`) and ``experiment``'s.
 
-One flag per field: its spelling, help, group and default come from the
-field, its kind from the type annotation (``bool``: a switch; ``tuple[str,
-...]``: repeatable; ``int | None``: an optional number). The config file keys
-(:mod:`node.cli.configfile`) are these flags' long names, so they follow too.
+One flag per field: its spelling, help, group, choices and default come from
+the field, its kind from the type annotation (``bool``: a switch;
+``tuple[str, ...]``: repeatable, or one comma-separated flag; ``int | None``:
+an optional number). The config file keys (:mod:`node.cli.configfile`) are
+these flags' long names, so they follow too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ import types
 import typing
 from typing import Any
 
-from node.core.options import NodeOptions, flag_of, option_fields, option_types
+from node.core.options import flag_of, negated, option_fields, option_types
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    """A comma-separated flag's values (``8/0, 4/4`` -> ``("8/0", "4/4")``); empty items are dropped."""
+    return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
 def _scalar_type(annotation: Any) -> Any:
@@ -24,41 +30,61 @@ def _scalar_type(annotation: Any) -> Any:
     return annotation
 
 
-def _with_default(helptext: str, default: Any, annotation: Any) -> str:
-    """The help with its default appended, unless the help already says what the default is (or a switch)."""
-    if annotation is bool or typing.get_origin(annotation) is tuple or "default" in helptext:
-        return helptext
-    shown = "unset" if default is None or default == "" else str(default)
-    return f"{helptext} (default: {shown})"
+def _shown(default: Any) -> str:
+    if isinstance(default, tuple):
+        return ",".join(map(str, default)) or "none"
+    return "unset" if default is None or default == "" else str(default)
 
 
-def add_option_flags(parser: argparse.ArgumentParser, cls: type[NodeOptions]) -> None:
-    """Add a flag for every option field of ``cls`` to ``parser``, in argument groups by the field's group."""
-    groups: dict[str, Any] = {}
+def _help(f: Any, annotation: Any) -> str:
+    """The field's help: a default-on switch's says it turns it off; a value's ends with its default, unless the
+    help already says what the default is (a repeatable flag's is none)."""
+    meta = f.metadata
+    if meta["hidden"]:
+        return argparse.SUPPRESS
+    if meta["csv"]:
+        return f"{meta['help']} (comma-separated; default: {_shown(f.default)})"
+    if annotation is bool:
+        return f"off: {meta['help']}" if negated(f) else str(meta["help"])
+    if meta["count"] or typing.get_origin(annotation) is tuple or "default" in meta["help"]:
+        return str(meta["help"])
+    return f"{meta['help']} (default: {_shown(f.default)})"
+
+
+def _kind(f: Any, annotation: Any, overlay: bool) -> dict[str, Any]:
+    """``add_argument``'s action, type, choices and default for field ``f`` (default None with ``overlay``)."""
+    meta = f.metadata
+    default = None if overlay else f.default
+    if meta["count"]:
+        return {"action": "count", "default": default}
+    if annotation is bool:  # the flag sets the opposite of the default
+        return {"action": "store_false" if f.default else "store_true", "default": default}
+    if meta["csv"]:
+        return {"type": comma_list, "default": default}  # the dataclass checks each value
+    if typing.get_origin(annotation) is tuple:
+        return {"action": "append", "default": None if overlay else []}
+    choices = {"choices": meta["choices"]} if meta["choices"] else {}
+    return {"type": _scalar_type(annotation), "default": default, **choices}
+
+
+def _group(
+    parser: argparse.ArgumentParser, groups: dict[str, argparse._ArgumentGroup], title: str
+) -> argparse._ArgumentGroup:
+    if title not in groups:
+        groups[title] = parser.add_argument_group(title)
+    return groups[title]
+
+
+def add_option_flags(parser: argparse.ArgumentParser, cls: type[Any], *, overlay: bool = False) -> None:
+    """Add a flag for every option field of ``cls`` to ``parser``, in argument groups by the field's group.
+
+    With ``overlay`` every flag defaults to None, so only the flags given have a value: ``experiment`` lays
+    them over its ``--config`` file's (the help still shows the field's own default).
+    """
+    groups: dict[str, argparse._ArgumentGroup] = {}
     hints = option_types(cls)
     for f in option_fields(cls):
         meta = f.metadata
-        if meta["hidden"]:
-            target: Any = parser
-            helptext = argparse.SUPPRESS
-        else:
-            if meta["group"] not in groups:
-                groups[meta["group"]] = parser.add_argument_group(meta["group"])
-            target = groups[meta["group"]]
-            helptext = meta["help"]
+        target = parser if meta["hidden"] else _group(parser, groups, meta["group"])
         names = [n for n in (meta["short"], flag_of(f)) if n]
-        annotation = hints[f.name]
-        if helptext is not argparse.SUPPRESS and not meta["count"]:
-            helptext = _with_default(helptext, f.default, annotation)
-        common: dict[str, Any] = {"dest": f.name, "help": helptext}
-        if meta["choices"]:
-            common["choices"] = meta["choices"]
-        if meta["count"]:
-            target.add_argument(*names, action="count", default=f.default, **common)
-        elif annotation is bool:  # the flag sets the opposite of the default
-            action = "store_false" if f.default else "store_true"
-            target.add_argument(*names, action=action, default=f.default, **common)
-        elif typing.get_origin(annotation) is tuple:
-            target.add_argument(*names, action="append", default=[], **common)
-        else:
-            target.add_argument(*names, type=_scalar_type(annotation), default=f.default, **common)
+        target.add_argument(*names, dest=f.name, help=_help(f, hints[f.name]), **_kind(f, hints[f.name], overlay))

@@ -50,6 +50,7 @@ def option(
     above: float | None = None,
     below: float | None = None,
     or_zero: bool = False,
+    csv: bool = False,
 ) -> Any:
     """A dataclass field that is also a CLI flag.
 
@@ -59,15 +60,17 @@ def option(
     (``-vv``); ``hidden`` flags are internal (not in help or config files);
     ``inherit`` marks options that ``local`` hands to every child node. A
     ``bool`` field is a switch that sets the opposite of its default (so
-    ``--wait-network`` turns ``overlap_network`` off); a ``tuple[str, ...]``
-    field is a repeatable flag. ``choices`` are the only values the flag takes
+    ``--wait-network`` turns ``overlap_network`` off; one on by default without
+    its own ``flag`` is ``--no-field-name``); a ``tuple[str, ...]`` field is a
+    repeatable flag, or with ``csv`` one flag of comma-separated values
+    (``--splits 8/0,4/4``). ``choices`` are the only values the flag takes
     (argparse refuses any other before anything heavy is imported). A number's
     range is ``min``/``max`` (inclusive) and ``above``/``below`` (exclusive);
     ``or_zero`` also admits 0 (off). :func:`check_options` checks them as the
     command line is parsed, before anything heavy is imported.
     """
     meta = {"help": help, "group": group, "flag": flag, "short": short, "count": count}
-    meta |= {"hidden": hidden, "inherit": inherit, "choices": choices}
+    meta |= {"hidden": hidden, "inherit": inherit, "choices": choices, "csv": csv}
     meta |= bounds(min=min, max=max, above=above, below=below, or_zero=or_zero)
     return field(default=default, metadata=meta)
 
@@ -359,17 +362,24 @@ class LocalOptions(NodeOptions):
     )
 
 
+def negated(f: Any) -> bool:
+    """Whether option ``f`` is a switch on by default without its own spelling: its flag is ``--no-field-name``."""
+    return f.default is True and not f.metadata.get("flag")
+
+
 def flag_of(f: Any) -> str:
-    """The long flag of an option field."""
-    return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
+    """The long flag of an option field (see :func:`option`)."""
+    name = f.name.replace("_", "-")
+    return str(f.metadata.get("flag") or ("--no-" if negated(f) else "--") + name)
 
 
-def option_fields(cls: type[NodeOptions]) -> list[Any]:
-    """The option fields of ``cls`` in declaration order (a subclass's override keeps its first place)."""
+def option_fields(cls: type[Any]) -> list[Any]:
+    """The option fields of ``cls`` (a dataclass of :func:`option` fields) in declaration order (a subclass's
+    override keeps its first place)."""
     return [f for f in fields(cls) if "group" in f.metadata]
 
 
-def option_types(cls: type[NodeOptions]) -> dict[str, Any]:
+def option_types(cls: type[Any]) -> dict[str, Any]:
     """Field name -> resolved type annotation."""
     return typing.get_type_hints(cls)
 

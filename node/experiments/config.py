@@ -12,7 +12,16 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from node.core.options import LocalOptions, NodeOptions, bounds, choices_of, first_range_error
+from node.core.options import (
+    EVAL,
+    SYNC,
+    LocalOptions,
+    NodeOptions,
+    choices_of,
+    first_range_error,
+    option,
+    option_fields,
+)
 from node.core.pool import SAMPLING_POLICIES
 from node.experiments.results import parse_split
 from node.training.offpolicy import OBJECTIVES
@@ -20,18 +29,6 @@ from node.training.offpolicy import OBJECTIVES
 AGGREGATORS = choices_of(NodeOptions, "aggregator")  # no swarm import: the CLI reads this before torch
 
 logger = logging.getLogger(__name__)
-
-
-def ranged(
-    meta: dict[str, Any],
-    *,
-    min: float | None = None,
-    max: float | None = None,
-    above: float | None = None,
-    below: float | None = None,
-) -> dict[str, Any]:
-    """A field's metadata with its number range, checked as a node's options are (:func:`node.core.options.bounds`)."""
-    return meta | bounds(min=min, max=max, above=above, below=below)
 
 
 def node_option(name: str, default: Any = MISSING, note: str = "") -> Any:
@@ -44,88 +41,70 @@ def node_option(name: str, default: Any = MISSING, note: str = "") -> Any:
     return field(default=f.default if default is MISSING else default, metadata=meta)
 
 
-def flag_of(f: Any) -> str:
-    """A field's flag: the node option's spelling where it has one, else ``--field-name``."""
-    return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
+SWEEP = "sweep (local swarms per split and seed)"
 
 
 @dataclass
 class ExperimentConfig:
-    """A sweep: sampling policies x local/external splits x seeds, each a local swarm."""
+    """A sweep: sampling policies x local/external splits x seeds, each a local swarm.
 
-    nodes: int = field(default=4, metadata=ranged({"help": "Node processes per run (127.0.0.1)."}, min=1, max=64))
-    splits: tuple[str, ...] = field(
-        default=("8/0", "6/2", "4/4", "2/6"),
-        metadata={"help": "Local/external splits I/J; I + J must be equal for all (equal compute per node)."},
-    )
-    seeds: int = field(
-        default=2, metadata=ranged({"help": "Repetitions of each configuration with different seeds."}, min=1)
-    )
-    seed_base: int = field(
-        default=0, metadata=ranged({"help": "Run k uses seed seed_base + 100 k (node i adds i)."}, min=0)
-    )
-    rounds: int = field(default=150, metadata=ranged({"help": "Rounds per node in every run."}, min=1))
-    sampling: tuple[str, ...] = field(
-        default=("advantage",),  # a node's own default (node.core.options)
-        metadata={"help": "External sampling policies to compare: " + ", ".join(SAMPLING_POLICIES) + "."},
-    )
-    objectives: tuple[str, ...] = field(
-        default=("plain",),
-        metadata={"help": "How peers' completions enter the loss, compared as an axis: " + ", ".join(OBJECTIVES)
-                  + " (see node.training.offpolicy)."},
+    Every field is an :func:`~node.core.options.option`, so ``experiment``'s flags come from the generator of
+    the node's (:func:`node.cli.flags.add_option_flags`); a list is one comma-separated flag (``csv``).
+    """
+
+    nodes: int = option(4, "Node processes per run (127.0.0.1).", group=SWEEP, min=1, max=64)
+    splits: tuple[str, ...] = option(
+        ("8/0", "6/2", "4/4", "2/6"), "Local/external splits I/J; I + J must be equal for all (equal compute per "
+        "node).", group=SWEEP, csv=True,
     )  # fmt: skip
-    sync_every: tuple[int, ...] = field(
-        default=(0,),
-        metadata={"help": "Outer sync settings to compare as an axis: rounds between syncs (H), 0 for none. "
-                  "Synced runs need nodes of one model (--models tiny-m)."},
+    seeds: int = option(2, "Repetitions of each configuration with different seeds.", group=SWEEP, min=1)
+    seed_base: int = option(0, "Run k uses seed seed_base + 100 k (node i adds i).", group=SWEEP, min=0)
+    rounds: int = option(150, "Rounds per node in every run.", group=SWEEP, min=1)
+    sampling: tuple[str, ...] = option(
+        ("advantage",),  # a node's own default (node.core.options)
+        "External sampling policies to compare: " + ", ".join(SAMPLING_POLICIES) + ".", group=SWEEP, csv=True,
     )  # fmt: skip
-    outer_lr: float | None = field(
-        default=None,
-        metadata=ranged({"help": "Outer learning rate of synced runs (default: the node's)."}, above=0, max=10),
+    objectives: tuple[str, ...] = option(
+        ("plain",), "How peers' completions enter the loss, compared as an axis: " + ", ".join(OBJECTIVES)
+        + " (see node.training.offpolicy).", group=SWEEP, csv=True,
+    )  # fmt: skip
+    sync_every: tuple[int, ...] = option(
+        (0,), "Outer sync settings to compare as an axis: rounds between syncs (H), 0 for none. Synced runs need "
+        "nodes of one model (--models tiny-m).", group=SYNC, csv=True,
+    )  # fmt: skip
+    outer_lr: float | None = option(
+        None, "Outer learning rate of synced runs (default: the node's).", group=SYNC, above=0, max=10
     )
-    outer_momentum: float | None = field(
-        default=None, metadata=ranged({"help": "Outer momentum of synced runs (default: the node's)."}, min=0, below=1)
+    outer_momentum: float | None = option(
+        None, "Outer momentum of synced runs (default: the node's).", group=SYNC, min=0, below=1
     )
     aggregator: str = node_option("aggregator")
     warm_start_steps: int = node_option("warm_start_steps")
-    eval_every: int = field(
-        default=20, metadata=ranged({"help": "Rounds between held-out evaluations of every node (0: off)."}, min=0)
+    eval_every: int = option(20, "Rounds between held-out evaluations of every node (0: off).", group=EVAL, min=0)
+    eval_items: int = option(64, "Held-out questions per task family.", group=EVAL, min=1, max=4096)
+    eval_samples: int = option(
+        4, "Sampled completions per held-out question (0: greedy accuracy only).", group=EVAL, min=0, max=64
     )
-    eval_items: int = field(
-        default=64, metadata=ranged({"help": "Held-out questions per task family."}, min=1, max=4096)
-    )
-    eval_samples: int = field(
-        default=4,
-        metadata=ranged(
-            {"help": "Sampled completions per held-out question (0: greedy accuracy only)."}, min=0, max=64
-        ),
-    )
-    primary: str = field(
-        default="",
-        metadata={"help": "The one comparison declared before the sweep, as LABEL:SPLIT (e.g. advantage+sync10:4/4); "
-                  "the tables mark it."},
+    primary: str = option(
+        "", "The one comparison declared before the sweep, as LABEL:SPLIT (e.g. advantage+sync10:4/4); the "
+        "tables mark it.", group=SWEEP,
     )  # fmt: skip
-    reference_splits: tuple[str, ...] = field(
-        default=(),
-        metadata={"help": "No-sharing splits with more local groups (e.g. 16/0: twice the local data), shown for "
-                  "reference and marked as not equal compute."},
+    reference_splits: tuple[str, ...] = option(
+        (), "No-sharing splits with more local groups (e.g. 16/0: twice the local data), shown for reference and "
+        "marked as not equal compute.", group=SWEEP, csv=True,
     )  # fmt: skip
     diagnose_groups: bool = node_option("diagnose_groups", True, "on in a sweep: its tables read them")
-    tasks: tuple[str, ...] = field(default=(), metadata={"help": "Task families (empty: all built-in families)."})
-    models: tuple[str, ...] = field(
-        default=(), metadata={"help": "Models assigned round-robin to nodes (empty: swarm-node local's mix)."}
+    tasks: tuple[str, ...] = option((), "Task families (empty: all built-in families).", group=SWEEP, csv=True)
+    models: tuple[str, ...] = option(
+        (), "Models assigned round-robin to nodes (empty: swarm-node local's mix).", group=SWEEP, csv=True
     )
     num_generations: int = node_option("num_generations")
     learning_rate: float | None = node_option("learning_rate")
-    max_new_tokens: int = field(
-        default=0, metadata=ranged({"help": "Tokens per completion (0: the node's default)."}, min=0)
-    )
-    round_timeout: float = field(
-        default=300.0, metadata=ranged({"help": "Fail a run if no node progresses this long (s)."}, above=0)
-    )
+    max_new_tokens: int = option(0, "Tokens per completion (0: the node's own for its model).", group=SWEEP, min=0)
+    round_timeout: float = option(300.0, "Fail a run if no node progresses this long (s).", group=SWEEP, above=0)
     min_generate_s: float = node_option("min_generate_s")
-    out: str = field(default="runs/experiment", metadata={"help": "Results folder (reused to resume)."})
-    progress: bool = field(default=True, metadata={"help": "Show a progress display."})
+    out: str = option("runs/experiment", "Results folder (reused to resume).", group=SWEEP)
+    progress: bool = option(True, "Show a progress display.", group=SWEEP)
 
     def __post_init__(self) -> None:
         self.splits = tuple(self.splits)
@@ -140,7 +119,7 @@ class ExperimentConfig:
             raise ValueError(
                 f"sync_every={','.join(map(str, self.sync_every))}; use whole numbers of rounds, e.g. 0,10"
             ) from None
-        problem = first_range_error(self, [f for f in fields(self) if "min" in f.metadata])
+        problem = first_range_error(self, option_fields(type(self)))
         if problem:
             raise ValueError(problem)
         checks = [
@@ -197,10 +176,6 @@ class ExperimentConfig:
         return asdict(self)
 
 
-LIST_FIELDS = {"splits", "sampling", "tasks", "models", "objectives", "reference_splits", "sync_every"}
-"""Fields given as comma-separated lists on the command line."""
-
-
 def load_config_file(path: Path) -> dict[str, Any]:
     """Fields from a TOML (``.toml``) or JSON file; unknown keys are an error."""
     try:
@@ -218,10 +193,12 @@ def load_config_file(path: Path) -> dict[str, Any]:
         raise ValueError("TOML config files need Python 3.11+; use a .json file") from None
     except ValueError as e:  # TOMLDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(f"--config {path} does not parse: {e}") from None
-    by_key = {f.name: f.name for f in fields(ExperimentConfig)}
-    by_key |= {flag_of(f)[2:].replace("-", "_"): f.name for f in fields(ExperimentConfig)}  # the flag's spelling
+    own = fields(ExperimentConfig)
+    by_key = {f.name: f.name for f in own}
+    by_key |= {f.metadata["flag"][2:].replace("-", "_"): f.name for f in own if f.metadata["flag"]}  # its spelling
     unknown = sorted(set(data) - set(by_key))
     if unknown:
         raise ValueError(f"--config {path}: unknown keys {unknown}; known: {sorted(by_key)}")
+    lists = {f.name for f in own if f.metadata["csv"]}
     values = {by_key[k]: v for k, v in data.items()}
-    return {k: tuple(v) if k in LIST_FIELDS and isinstance(v, list) else v for k, v in values.items()}
+    return {k: tuple(v) if k in lists and isinstance(v, list) else v for k, v in values.items()}

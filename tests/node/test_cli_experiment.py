@@ -1,0 +1,66 @@
+"""``swarm-node experiment``'s flags: the node's generator makes them, in the spellings they always had."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from node.cli.configfile import subcommand_parser
+from node.cli.flags import add_option_flags
+from node.cli.main import build_parser
+from node.core.options import option_fields
+from node.experiments.config import ExperimentConfig
+
+OWN = {"help", "config", "verbose"}  # the command's own flags, not ExperimentConfig fields
+
+SPELLINGS_BEFORE_ONE_GENERATOR = [
+    "--nodes", "--splits", "--seeds", "--seed-base", "--rounds", "--sampling", "--objectives", "--sync-every",
+    "--outer-lr", "--outer-momentum", "--sync-aggregator", "--warm-start", "--eval-every", "--eval-items",
+    "--eval-samples", "--primary", "--reference-splits", "--no-diagnose-groups", "--tasks", "--models",
+    "--generations", "--lr", "--max-new-tokens", "--round-timeout", "--min-generate", "--out", "--no-progress",
+]  # fmt: skip
+"""``swarm-node experiment --help``'s field flags, in order, from when the command had a generator of its own."""
+
+
+def _fields(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {a.dest: a for a in parser._actions if a.dest not in OWN}
+
+
+def _shape(action: argparse.Action) -> tuple[Any, ...]:
+    """Everything about a flag that its generator decides."""
+    kind = (type(action), action.type, action.default, action.const, action.nargs, action.metavar)
+    return (*kind, action.option_strings, action.help, action.choices)
+
+
+def test_every_experiment_flag_is_the_shared_generators_output() -> None:
+    assert option_fields(ExperimentConfig) == list(dataclasses.fields(ExperimentConfig)), "every field an option"
+    generated = argparse.ArgumentParser()
+    add_option_flags(generated, ExperimentConfig, overlay=True)
+    made = _fields(generated)
+    actual = _fields(subcommand_parser(build_parser(), "experiment"))
+    assert list(actual) == list(made) == [f.name for f in dataclasses.fields(ExperimentConfig)]
+    for name, action in actual.items():
+        assert _shape(action) == _shape(made[name]), name
+    groups = {a.dest: g.title for g in generated._action_groups for a in g._group_actions}
+    for group in subcommand_parser(build_parser(), "experiment")._action_groups:
+        assert all(groups[a.dest] == group.title for a in group._group_actions if a.dest not in OWN)
+
+
+def test_experiment_flags_keep_their_spellings() -> None:
+    actual = _fields(subcommand_parser(build_parser(), "experiment"))
+    assert [s for a in actual.values() for s in a.option_strings] == SPELLINGS_BEFORE_ONE_GENERATOR
+    assert all(a.default is None for a in actual.values()), "a flag not given lets --config's value through"
+    given = ["--splits", "8/0,4/4", "--sync-every", "0, 10", "--no-diagnose-groups", "--no-progress", "--lr", "0.01"]
+    args = build_parser().parse_args(["experiment", *given])
+    assert (args.splits, args.sync_every) == (("8/0", "4/4"), ("0", "10"))  # the config makes rounds whole numbers
+    assert (args.diagnose_groups, args.progress) == (False, False)
+    assert (args.learning_rate, args.nodes, args.sampling) == (0.01, None, None)
+
+
+def test_experiment_help_shows_each_default_and_choice() -> None:
+    text = " ".join(subcommand_parser(build_parser(), "experiment").format_help().split())
+    assert "--splits SPLITS Local/external splits" in text and "(comma-separated; default: 8/0,6/2,4/4,2/6)" in text
+    assert "(default: 150)" in text and "(default: runs/experiment)" in text and "(default: centered_clip)" in text
+    assert "--sync-aggregator {mean,trimmed_mean,median,centered_clip}" in text
+    assert "--no-progress off: Show a progress display." in text
