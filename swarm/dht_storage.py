@@ -18,6 +18,17 @@ just stored; a value that cannot fit even in an empty key is refused. Sizes
 count the value, the subkey and a measured per-entry and per-key overhead of
 hivemind's containers, so the budget tracks real memory.
 
+**Who may store a subkey.** A record names its publisher in its subkey (our
+records are signed by that key). With ``owners_only``, a subkey entry that
+another peer sends is kept only if that peer *is* the subkey: the sender is the
+libp2p-authenticated id of the store RPC (:data:`STORE_SENDER`, set by the store
+handler :func:`_install` wraps). Minting keys then buys no storage: one host can
+write one record per key, its own, so emptying a key of honest records takes as
+many live hosts as the key holds records, not as many Ed25519 keys. The node's
+own writes (its own records, its lookup results cached locally) carry no sender
+and are kept as before. Nodes push no lookup results into others' caches
+(``cache_nearest=0``, swarm.membership), so the rule drops nothing honest.
+
 Two more hivemind behaviours it closes:
 
 * a store that is not newer than what is held under the same key and subkey
@@ -42,13 +53,17 @@ import itertools
 import logging
 from collections import Counter
 from collections.abc import Generator, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
 from typing import Any, TypeVar
 
 import hivemind
+from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
+from hivemind.p2p import P2PContext
+from hivemind.proto import dht_pb2
 from hivemind.utils import MSGPackSerializer, timed_storage
 from hivemind.utils.timed_storage import TimedStorage, ValueWithExpiration
 
@@ -65,6 +80,9 @@ class _Regular:
 REGULAR = _Regular()
 """The ledger's subkey for a value stored without a subkey (no peer can send this object)."""
 
+STORE_SENDER: ContextVar[str | None] = ContextVar("swarm_dht_store_sender", default=None)
+"""The base58 peer id that sent the store RPC being handled; None for this node's own writes."""
+
 ENTRY_OVERHEAD_BYTES = 352
 """hivemind's containers per subkey entry beyond value and subkey bytes (tracemalloc: 347 B per entry)."""
 KEY_OVERHEAD_BYTES = 1024
@@ -76,6 +94,7 @@ class StorageEvent(StrEnum):
 
     REFUSED_TOO_BIG = "refused: larger than the per-key cap"
     REFUSED_NOT_NEWER = "refused: not newer than the held value"
+    REFUSED_NOT_OWNER = "refused: sent by a peer other than the record's subkey"
     EVICTED_KEY_FULL = "evicted: its key was over its byte or subkey cap"
     EVICTED_BUDGET = "evicted: the storage was over its byte budget"
     EVICTED_KEY_COUNT = "evicted: the storage held its most keys"
@@ -83,12 +102,16 @@ class StorageEvent(StrEnum):
 
 @dataclass(frozen=True)
 class StorageBudget:
-    """Bounds of one :class:`BudgetedStorage`; ``max_keys=None`` leaves the number of keys to the bytes."""
+    """Bounds of one :class:`BudgetedStorage`; ``max_keys=None`` leaves the number of keys to the bytes.
+
+    ``owners_only``: keep a subkey entry another peer sends only if that peer is the subkey.
+    """
 
     total_bytes: int
     key_bytes: int
     key_subkeys: int
     max_keys: int | None = None
+    owners_only: bool = True
 
     def __post_init__(self) -> None:
         if self.key_bytes < KEY_OVERHEAD_BYTES + ENTRY_OVERHEAD_BYTES + 4096:
@@ -176,6 +199,9 @@ class BudgetedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind is not
         return ValueWithExpiration(_fresh_copy(found.value), found.expiration_time)
 
     def _admit(self, key: Any, subkey: Any, value: Any, expiration: float) -> bool:
+        sender = STORE_SENDER.get()
+        if self.budget.owners_only and sender is not None and subkey != sender:
+            return self._refuse(StorageEvent.REFUSED_NOT_OWNER, key, 0)
         self.purge_expired(timed_storage.get_dht_time())
         if isinstance(value, DictionaryDHTValue):  # a whole dictionary (the cache stores lookup results so)
             value = _fresh_copy(value)
@@ -366,10 +392,42 @@ def _carry_over(old: Any, new: BudgetedStorage) -> BudgetedStorage:
 
 
 async def _install(_dht: Any, node: Any, storage: StorageBudget, cache: StorageBudget) -> None:
-    # runs on the DHT process's event loop: no other coroutine runs between these lines
     protocol = node.protocol
+    # no other coroutine runs between these two lines: nothing is stored around the budgets
     protocol.storage = _carry_over(protocol.storage, BudgetedStorage(storage))
     protocol.cache = _carry_over(protocol.cache, BudgetedStorage(cache))
+    if storage.owners_only or cache.owners_only:
+        await _name_store_senders(protocol)
+
+
+async def _name_store_senders(protocol: DHTProtocol) -> None:
+    """Handle store RPCs with :data:`STORE_SENDER` set to the caller's authenticated peer id.
+
+    hivemind binds its handler when the protocol starts, so the store handler
+    is registered again around it. A store that arrives in the moment between
+    the two daemon calls fails like a store to a busy replica; the sender's
+    next refresh reaches this node.
+    """
+    if protocol.client_mode:
+        return  # a client serves no stores
+    if protocol.authorizer is not None:  # wrapping would bypass it; this project runs none
+        logger.warning(
+            "DHT stores are authorized by %s: records sent by others are not checked against their subkey",
+            type(protocol.authorizer).__name__,
+        )
+        return
+    handle = protocol.rpc_store
+
+    async def rpc_store(request: dht_pb2.StoreRequest, context: P2PContext) -> dht_pb2.StoreResponse:
+        token = STORE_SENDER.set(context.remote_id.to_base58())
+        try:
+            return await handle(request, context)
+        finally:
+            STORE_SENDER.reset(token)
+
+    name = protocol._get_handle_name(None, "rpc_store")
+    await protocol.p2p.remove_protobuf_handler(name)
+    await protocol.p2p.add_protobuf_handler(name, rpc_store, dht_pb2.StoreRequest)
 
 
 def install_budgets(dht: hivemind.DHT, storage: StorageBudget, cache: StorageBudget, timeout: float) -> None:

@@ -117,14 +117,25 @@ class MembershipConfig:
     dht_cache_keys: int = field(
         default=512, metadata={"help": "Most keys in the DHT lookup cache (hivemind's cache_size)."}
     )
+    dht_owners_only: bool = field(
+        default=True,
+        metadata={
+            "help": "Keep a record another peer stores here only if that peer signed it (its subkey): a flood "
+            "of records from minted keys then needs one live host per record (swarm.dht_storage)."
+        },
+    )
 
     def storage_budget(self) -> StorageBudget:
         """Bounds of the records this node stores for the swarm."""
-        return StorageBudget(self.dht_storage_bytes, self.dht_key_bytes, self.dht_key_subkeys)
+        return StorageBudget(
+            self.dht_storage_bytes, self.dht_key_bytes, self.dht_key_subkeys, owners_only=self.dht_owners_only
+        )
 
     def cache_budget(self) -> StorageBudget:
         """Bounds of this node's lookup cache."""
-        return StorageBudget(self.dht_cache_bytes, self.dht_key_bytes, self.dht_key_subkeys, self.dht_cache_keys)
+        return StorageBudget(
+            self.dht_cache_bytes, self.dht_key_bytes, self.dht_key_subkeys, self.dht_cache_keys, self.dht_owners_only
+        )
 
     def _check_dht_bounds(self) -> None:
         if not 8192 <= self.dht_key_bytes <= 3 * 1024 * 1024:
@@ -300,6 +311,7 @@ class Membership:
         kwargs["use_relay"] = self.cfg.use_relay
         kwargs["use_auto_relay"] = self.cfg.use_auto_relay
         kwargs["cache_size"] = self.cfg.dht_cache_keys  # hivemind's default cache is unbounded
+        kwargs["cache_nearest"] = 0  # others keep only records their owners store (swarm.dht_storage)
         return hivemind.DHT(start=True, record_validators=self._validators, **kwargs)
 
     def _install_budgets(self, dht: hivemind.DHT) -> None:

@@ -370,8 +370,15 @@ def main(argv: list[str]) -> int:
     _wait_file(args.go_file, 120.0)
     loop = _Loop(args, cfg, model, sync, out)
     loop.run()
+    stored = membership.dht_storage_stats()["storage"]
     out.write(
-        event="done", peer=membership.peer_id, revision=sync.revision, state_hash=sync.state_hash, **loop.summary()
+        event="done",
+        peer=membership.peer_id,
+        revision=sync.revision,
+        state_hash=sync.state_hash,
+        dht_storage_events=stored.events,
+        dht_entries=stored.entries,
+        **loop.summary(),
     )
     end = time.time() + args.linger  # serve state to late peers until the test's stop file (bounded)
     while time.time() < end and not (args.stop_file and Path(args.stop_file).exists()):

@@ -58,6 +58,30 @@ MAX_EXPECTED = 256
 OPENED_RECORDS = 4096
 """Sync records whose opening is remembered by content: more than the entries one key's storage holds
 (1,485 state records at the default budget), so a flooded key is verified once, not on every read."""
+FREE_STATE_RECORDS = 256
+"""A state key read with at most this many records is read again whenever asked (every round)."""
+STATE_READ_SHARE = 0.1
+"""Above that, the share of this peer's time its state reads may take (see :func:`state_read_pause_s`)."""
+MAX_STATE_READ_PAUSE_S = 10.0
+"""The oldest the catch-up check's view of the state records gets: a flooded key delays a catch-up this much."""
+
+
+def state_read_pause_s(records: int, took_s: float) -> float:
+    """How long the state records of a read that found ``records`` entries in ``took_s`` serve before the next.
+
+    Every replica of the state key answers with every record it holds, so a
+    key filled with valid records from minted keys (or served so by a hostile
+    replica) costs each read time in moving and checking them. The catch-up
+    check asks every round; past :data:`FREE_STATE_RECORDS` entries, reads are
+    spaced so that they take at most :data:`STATE_READ_SHARE` of the time, and
+    the view is never older than :data:`MAX_STATE_READ_PAUSE_S`.
+
+    >>> state_read_pause_s(3, 0.5), state_read_pause_s(1500, 0.4), state_read_pause_s(1500, 4.0)
+    (0.0, 3.6, 10.0)
+    """
+    if records <= FREE_STATE_RECORDS:
+        return 0.0
+    return round(min(MAX_STATE_READ_PAUSE_S, took_s * (1.0 - STATE_READ_SHARE) / STATE_READ_SHARE), 6)
 
 
 class SyncRecords:
@@ -86,6 +110,8 @@ class SyncRecords:
         """The peers that joined this peer's key last round (expected next round: :func:`expected_members`)."""
         self.states: dict[str, StateRecord] = {}
         """The state records of the last :meth:`read_states` (the catch-up check reads them every round)."""
+        self._states_until = float("-inf")
+        """Until when :attr:`states` serve instead of a new read (:func:`state_read_pause_s`)."""
         self._here: tuple[int, str] = (-1, "")
         self._before: tuple[int, str] = (-1, "")
         """The state of the last matchmaking, and the one before it (see :meth:`_nearby`)."""
@@ -154,7 +180,10 @@ class SyncRecords:
             self.publish_state(revision, state_hash)
 
     def read_states(self) -> dict[str, StateRecord]:
-        """Verified state records of this architecture, by peer."""
+        """Verified state records of this architecture, by peer (the last read's while it serves)."""
+        start = self._clock()
+        if start < self._states_until:
+            return self.states
         fp = self.fingerprint
         raw = self._get(state_key(self.swarm_id, fp))
         kept, rejected = open_records(
@@ -167,6 +196,11 @@ class SyncRecords:
         )
         self._rejected(STATE_KIND, rejected)
         self.states = kept
+        took = self._clock() - start
+        pause = state_read_pause_s(len(raw), took)
+        if pause > 0:
+            self._log(logging.DEBUG, "%d state records took %.2fs to read: next in %.1fs", len(raw), took, pause)
+        self._states_until = start + took + pause
         return kept
 
     # ---- matchmaking --------------------------------------------------------------------------

@@ -285,12 +285,13 @@ def test_descriptor_flood_does_not_starve_honest_peers(mallory: RolloutExchange,
     present, stored_present = _flood(mallory, 60, ahead_s=0.0)
     first, second = (collector.request(cmd="collect", since=since, limit=8) for _ in range(2))
     assert {a[1] for a in first["accepted"]} == honest, first  # every honest batch, on the first collect
-    assert {p for p, reason, _ in first["rejected"]} == ahead and len(first["rejected"]) == stored_ahead == 60
+    # the honest replicas keep none of them (not stored by their signers); Mallory's own DHT node serves them
+    assert stored_ahead == stored_present == 0
+    assert {p for p, reason, _ in first["rejected"]} == ahead and len(first["rejected"]) == 60
     assert {reason for _, reason, _ in first["rejected"]} == {"future-dated descriptor"}, first
     for res in (first, second):  # present-dated fresh keys: the exploration slots, no more
         assert len(res["failed"]) <= 2 and {p for p, _ in res["failed"]} <= present, res
         assert res["elapsed_s"] < ExchangeConfig().dial_timeout_s + 1.0, res
-    assert stored_present == 60
 
 
 def test_a_peer_that_names_an_honest_digest_censors_nothing(mallory: RolloutExchange, swarm4: list[WorkerProc]) -> None:

@@ -21,6 +21,7 @@ from swarm.addressbook import listen_port, save_port
 from swarm.dht_storage import (
     KEY_OVERHEAD_BYTES,
     REGULAR,
+    STORE_SENDER,
     BudgetedStorage,
     StorageBudget,
     StorageEvent,
@@ -234,6 +235,24 @@ def test_an_older_replay_is_refused_and_cannot_make_the_newer_value_vanish(now: 
     assert held is not None and held.value == b"newer record"
     assert s.store_subkey(key, _peer(1), b"newest record", T0 + 301)
     assert s.get(key).value.get(_peer(1)).value == b"newest record" and s.used_bytes == held_bytes(s)
+
+
+def test_a_record_another_peer_sends_is_kept_only_if_that_peer_is_its_subkey(now: list[float]) -> None:
+    # one host sending records named by minted keys (a flood) gets none stored; each its own, and the node's
+    # own writes (no sender), are kept; the rule off, the host stores one record per minted key
+    for owners_only, kept in ((True, 2), (False, 13)):
+        s, key = BudgetedStorage(_budget(owners_only=owners_only)), _key("state")
+        token = STORE_SENDER.set(_peer(0))
+        try:
+            assert s.store_subkey(key, _peer(0), b"its own record", T0 + 60)
+            stored = [s.store_subkey(key, _peer(i), b"a minted key's record", T0 + 60) for i in range(1, 11)]
+            stored.append(s.store(key, b"the same, through store()", T0 + 60, subkey=_peer(11)))
+        finally:
+            STORE_SENDER.reset(token)
+        assert s.store_subkey(key, _peer(99), b"this node's own write", T0 + 60)
+        assert sum(stored) == kept - 2 and len(s.get(key).value) == kept
+        assert s.events[StorageEvent.REFUSED_NOT_OWNER] == (11 if owners_only else 0)
+        assert s.used_bytes == held_bytes(s)
 
 
 def test_expired_entries_leave_the_ledger_and_memory(now: list[float]) -> None:

@@ -20,7 +20,7 @@ from swarm.exchange import ExchangeConfig, RolloutExchange, window_key
 from swarm.membership import Membership, MembershipConfig
 from swarm.sync import OuterSyncConfig
 from swarm.sync.allreduce import RoundPlan
-from swarm.sync.dhtio import SyncRecords
+from swarm.sync.dhtio import MAX_STATE_READ_PAUSE_S, STATE_READ_SHARE, SyncRecords
 from swarm.sync.records import STATE_KIND, VOTE_KIND, StateRecord, state_key, vote_key
 from swarm.validation import (
     RecordRefusal,
@@ -250,6 +250,49 @@ def test_peers_that_just_moved_to_this_state_or_the_one_left_are_expected_in_the
     records.states["slow"] = StateRecord("slow", "0123456789abcdef", 2, h2, NOW + 25)  # sealed out, caught up
     assert records._nearby(3, h3, NOW + 30) == ["slow"]  # a round at the same state
     assert records._nearby(4, h1, NOW + 40) == []  # nothing new since
+
+
+class _FloodedDHT:
+    """A state key holding ``entries`` records; each read costs ``per_entry_s`` of the fake clock per record."""
+
+    def __init__(self, t: list[float], entries: dict[str, bytes], per_entry_s: float) -> None:
+        self.t, self.per_entry_s, self.reads = t, per_entry_s, 0
+        self.found = SimpleNamespace(value={sub: SimpleNamespace(value=v) for sub, v in entries.items()})
+
+    def get(self, key: str, **_: Any) -> _Done:
+        self.reads += 1
+        self.t[0] += self.per_entry_s * len(self.found.value)
+        return _Done(self.found)
+
+
+def _read_share(records: int, pacing: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[float, int, int]:
+    """(share of 60 s spent reading state records, reads, rounds) with a key of ``records`` minted records."""
+    if not pacing:
+        monkeypatch.setattr("swarm.sync.dhtio.FREE_STATE_RECORDS", 10**9)
+    t = [NOW]
+    keys = [SigningKey.generate() for _ in range(records)]
+    made = {k: StateRecord(k.peer_id, "0123456789abcdef", 0, "ab" * 32, NOW) for k in keys}
+    sealed = {k.peer_id: seal(STATE_KIND, record, k) for k, record in made.items()}
+    dht = _FloodedDHT(t, sealed, 1e-3)  # 0.4 s a read, about what a full key (1,485) costs live
+    member = _membership(ALICE)
+    member.dht = dht
+    records_ = SyncRecords(cast(Membership, member), "0123456789abcdef", SYNC, clock=lambda: t[0])
+    reading, rounds = 0.0, 0
+    while t[0] < NOW + 60.0:
+        before, rounds = t[0], rounds + 1
+        assert len(records_.read_states()) == records  # the view serves between reads
+        reading += t[0] - before
+        t[0] += 0.1  # the rest of a round
+    return reading / (t[0] - NOW), dht.reads, rounds
+
+
+def test_a_flooded_state_key_takes_a_bounded_share_of_a_peers_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    share, reads, _ = _read_share(400, True, monkeypatch)
+    assert share <= STATE_READ_SHARE + 0.01 and reads >= 60.0 / MAX_STATE_READ_PAUSE_S, (share, reads)
+    _, few_reads, rounds = _read_share(30, True, monkeypatch)  # a swarm's own records: read every round
+    assert few_reads == rounds, (few_reads, rounds)
+    unpaced, _, _ = _read_share(400, False, monkeypatch)  # what the pacing prevents: reads fill the rounds
+    assert unpaced > 0.7, unpaced
 
 
 def _state_record(exp_after: float, key: str | None = None) -> DHTRecord:
