@@ -103,6 +103,25 @@ class FaultSwarm:
         self.peers[name] = peer
         return peer
 
+    def restart(self, name: str, *args: str) -> Peer:
+        """A new process of peer ``name``: its identity (and, for the first peer, its port), a new report.
+
+        The worker keeps no checkpoint, so it restarts at revision 0: what a node restarted from an old
+        checkpoint knows of the commits after it, which is nothing but what the swarm and its own files tell it.
+        """
+        old = self.peers[name]
+        runs = sum(1 for p in self.root.glob(f"{name}.*jsonl")) + 1
+        report = self.root / f"{name}.{runs}.jsonl"
+        cmd = [PYTHON, str(WORKER), "--identity", str(self.root / f"{name}.key"), "--report", str(report)]
+        cmd += ["--go-file", str(self.go_file), "--stop-file", str(self.stop_file)]
+        if self._bootstrap.endswith(old.info["peer"]):
+            cmd += ["--port", self._bootstrap.split("/")[4]]
+        else:
+            cmd += ["--initial-peer", self._bootstrap]
+        peer = Peer(f"{name}.{runs}", self.procs.start(f"{name}.{runs}", [*cmd, *args]), report)
+        self.peers[peer.name] = peer
+        return peer
+
     def start_many(self, specs: Mapping[str, Sequence[str]]) -> list[Peer]:
         """Start every peer at once and wait until all are up."""
         peers = [self.start(n, *args) for n, args in specs.items()]

@@ -54,6 +54,8 @@ class AbortCause(StrEnum):
     history (a node restarted after its whole group died; it trains on, and rejoins once given a live --peer)."""
     SUPERSEDED = "superseded"
     """A trusted peer reported a later state from this round's parent: committing would fork the history."""
+    UNJOURNALLED = "vote not journalled"
+    """This member could not write its vote to disk (swarm.sync.journal), so it voted abort."""
 
 
 class SyncAborted(RuntimeError):

@@ -80,6 +80,7 @@ from swarm.sync.decide import CatchUpRefusal, CommitDecision, GroupDecision, pee
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.job import RoundOutcome, SyncJob, apply_outcome
+from swarm.sync.journal import VoteJournal, journal_path
 from swarm.sync.liveness import Prober
 from swarm.sync.records import ABORT_DIGEST
 from swarm.sync.robust import Suspicion, distance
@@ -156,6 +157,9 @@ class OuterSync:
         )
         self._group: tuple[int, tuple[str, ...]] = (-1, ())
         self._vetoes = VetoTally()
+        self._journal = VoteJournal(journal_path(membership.identity.path), self.fingerprint)
+        for revision in self._journal.voted:  # votes of an earlier process of this peer id (see swarm.sync.journal)
+            self._catchup.undecided(revision)
         self._records.publish_state(self._snap.revision, self._snap.state_hash)
         self._log(logging.INFO, "outer sync ready: fingerprint %s, %d parameters", self.fingerprint, anchor.numel())
 
@@ -391,6 +395,9 @@ class OuterSync:
             self._records.vote(plan, ABORT_DIGEST)
             self._log(logging.WARNING, "leaving before the vote: voted abort")
             return self._suspect_report(t0, plan, AbortCause.SHUTTING_DOWN, got, caught_up)
+        if refusal is None and not self._journal.record(new.revision):
+            self._records.vote(plan, ABORT_DIGEST)  # a vote a restart could forget must not count
+            return self._suspect_report(t0, plan, AbortCause.UNJOURNALLED, got, caught_up)
         delivered = self._records.vote(plan, ABORT_DIGEST if refusal is not None else got.digest)
         if self._hook is not None:
             self._hook("voted", snap.revision)
