@@ -419,15 +419,68 @@ async def _name_store_senders(protocol: DHTProtocol) -> None:
     handle = protocol.rpc_store
 
     async def rpc_store(request: dht_pb2.StoreRequest, context: P2PContext) -> dht_pb2.StoreResponse:
-        token = STORE_SENDER.set(context.remote_id.to_base58())
+        sender = context.remote_id.to_base58()
+        foreign = _refuse_foreign(protocol, request, sender)  # before hivemind checks their signatures
+        kept = _without(request, foreign) if foreign else request
+        token = STORE_SENDER.set(sender)
         try:
-            return await handle(request, context)
+            response = await handle(kept, context)
         finally:
             STORE_SENDER.reset(token)
+        if foreign and response is not None:
+            answers = iter(list(response.store_ok))
+            del response.store_ok[:]
+            response.store_ok.extend(False if i in foreign else next(answers, False) for i in range(len(request.keys)))
+        return response
 
     name = protocol._get_handle_name(None, "rpc_store")
     await protocol.p2p.remove_protobuf_handler(name)
     await protocol.p2p.add_protobuf_handler(name, rpc_store, dht_pb2.StoreRequest)
+
+
+def foreign_entries(request: dht_pb2.StoreRequest, sender: str) -> set[int]:
+    """Indices of the entries of a store request whose subkey names a peer other than ``sender``.
+
+    A regular value or a whole dictionary names no one here: the validator and
+    the storage decide those. A tag that does not decode is left to hivemind,
+    which refuses it as before.
+    """
+    foreign: set[int] = set()
+    for i, tag in enumerate(request.subkeys):
+        if tag in DHTProtocol.RESERVED_SUBKEYS:
+            continue
+        try:
+            subkey = MSGPackSerializer.loads(tag)
+        except Exception:  # untrusted bytes: any decoding failure is hivemind's to refuse
+            continue
+        if subkey != sender:
+            foreign.add(i)
+    return foreign
+
+
+def _refuse_foreign(protocol: DHTProtocol, request: dht_pb2.StoreRequest, sender: str) -> set[int]:
+    """The foreign entries (:func:`foreign_entries`) bound for a storage that keeps owners' records only, counted."""
+    refused: set[int] = set()
+    if len(request.in_cache) != len(request.subkeys):
+        return refused  # malformed: hivemind's handler refuses the whole request
+    for i in foreign_entries(request, sender):
+        target = protocol.cache if request.in_cache[i] else protocol.storage
+        if isinstance(target, BudgetedStorage) and target.budget.owners_only:
+            target.events[StorageEvent.REFUSED_NOT_OWNER] += 1
+            refused.add(i)
+    return refused
+
+
+def _without(request: dht_pb2.StoreRequest, dropped: set[int]) -> dht_pb2.StoreRequest:
+    """A copy of ``request`` without the entries at ``dropped``."""
+    kept = [i for i in range(len(request.keys)) if i not in dropped]
+    out = dht_pb2.StoreRequest()
+    out.CopyFrom(request)
+    for name in ("keys", "subkeys", "values", "expiration_time", "in_cache"):
+        column = list(getattr(request, name))
+        del getattr(out, name)[:]
+        getattr(out, name).extend(column[i] for i in kept)
+    return out
 
 
 def install_budgets(dht: hivemind.DHT, storage: StorageBudget, cache: StorageBudget, timeout: float) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import psutil
 import pytest
 
+from swarm.dht_storage import StorageEvent
 from tests.procs import PYTHON, Procs
 from tests.swarm.workers import LineWorker
 
@@ -113,7 +114,8 @@ def _honest_command(member: Any, ex: Any, cmd: dict[str, Any]) -> dict[str, Any]
     if cmd["cmd"] == "health":
         counts = refusal_counts(dht, 10.0)
         storage = member.dht_storage_stats()["storage"]
-        return {"refused": counts.refused, "accepted": counts.accepted, "used_bytes": storage.used_bytes}
+        stored = {"used_bytes": storage.used_bytes, "storage_events": storage.events}
+        return {"refused": counts.refused, "accepted": counts.accepted, **stored}
     return {"error": f"unknown command {cmd['cmd']!r}"}
 
 
@@ -256,17 +258,18 @@ def test_a_replayed_descriptor_cannot_censor_its_owner(trio: tuple[Peer, Peer, P
         held_by_honest += all(pub["digest"] in h for h in held)
         read_by_c += pub["digest"] in c.request(cmd="read")["found"].get(owner, [])
         time.sleep(0.3)  # spread the publishes over several windows
-    refused = c.request(cmd="health")["refused"]
+    health = c.request(cmd="health")
+    not_owner = health["storage_events"].get(StorageEvent.REFUSED_NOT_OWNER.value, 0)
     print(
         f"\nreplay: {replays} replays sent; of {PUBLISHES} later publishes: stored=True {owner_stored}, "
-        f"held by both honest nodes {held_by_honest}, read by C {read_by_c}; C refused {refused}"
+        f"held by both honest nodes {held_by_honest}, read by C {read_by_c}; C refused {health['refused']} "
+        f"on validation and {not_owner} stores as not sent by the record's owner"
     )
     assert replays >= PUBLISHES  # the attack ran: M found A's record every time
     assert held_by_honest == PUBLISHES and read_by_c == PUBLISHES
-    # the attack reached C's validator (the counts prove it ran against C, not that every store did: under
-    # the suite's load one of M's stores to C in 12 can time out, seen once)
-    assert refused.get("DHT expiration beyond the signed lifetime", 0) >= PUBLISHES
-    assert refused.get("stored under a key its content does not name", 0) >= PUBLISHES // 2
+    # the replays reached C and were refused there, unopened: M is not the record's signer (the count proves
+    # the attack ran against C, not that every store did: under load one of M's stores in 12 can time out)
+    assert not_owner >= PUBLISHES
 
 
 def test_garbage_values_do_not_grow_honest_memory(trio: tuple[Peer, Peer, Peer]) -> None:

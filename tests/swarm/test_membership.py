@@ -10,11 +10,15 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
+from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
+from hivemind.proto import dht_pb2
+from hivemind.utils import MSGPackSerializer
 
 from protocol import SigningKey
 from swarm.addressbook import listen_port, save_port
@@ -26,7 +30,10 @@ from swarm.dht_storage import (
     StorageBudget,
     StorageEvent,
     _carry_over,
+    _refuse_foreign,
+    _without,
     entry_bytes,
+    foreign_entries,
 )
 from swarm.errors import BootstrapFailed, PortInUse
 from swarm.identity import load_or_create
@@ -253,6 +260,28 @@ def test_a_record_another_peer_sends_is_kept_only_if_that_peer_is_its_subkey(now
         assert sum(stored) == kept - 2 and len(s.get(key).value) == kept
         assert s.events[StorageEvent.REFUSED_NOT_OWNER] == (11 if owners_only else 0)
         assert s.used_bytes == held_bytes(s)
+
+
+def test_a_store_request_loses_its_foreign_entries_before_any_signature_check(now: list[float]) -> None:
+    # what the store handler does before hivemind validates: entries naming another peer are dropped and
+    # counted where they were bound; its own entry, a regular value and a whole dictionary go on
+    own, other = _peer(1), _peer(2)
+    tags = [MSGPackSerializer.dumps(own), MSGPackSerializer.dumps(other), DHTProtocol.IS_REGULAR_VALUE]
+    tags += [DHTProtocol.IS_DICTIONARY, MSGPackSerializer.dumps(_peer(3))]
+    request = dht_pb2.StoreRequest(
+        keys=[b"k%d" % i for i in range(5)], subkeys=tags, values=[b"v%d" % i for i in range(5)],
+        expiration_time=[T0 + 60] * 5, in_cache=[False, False, False, False, True],
+    )  # fmt: skip
+    assert foreign_entries(request, own) == {1, 4}
+    kept = _without(request, {1, 4})
+    assert list(kept.keys) == [b"k0", b"k2", b"k3"] and list(kept.values) == [b"v0", b"v2", b"v3"]
+    assert list(kept.subkeys) == [tags[0], tags[2], tags[3]] and len(kept.in_cache) == 3
+    protocol = SimpleNamespace(storage=BudgetedStorage(_budget()), cache=BudgetedStorage(_budget()))
+    assert _refuse_foreign(cast(Any, protocol), request, own) == {1, 4}
+    assert protocol.storage.events[StorageEvent.REFUSED_NOT_OWNER] == 1
+    assert protocol.cache.events[StorageEvent.REFUSED_NOT_OWNER] == 1
+    lenient = SimpleNamespace(storage=BudgetedStorage(_budget(owners_only=False)), cache=protocol.cache)
+    assert _refuse_foreign(cast(Any, lenient), request, own) == {4}  # the rule off: that storage takes them
 
 
 def test_expired_entries_leave_the_ledger_and_memory(now: list[float]) -> None:
