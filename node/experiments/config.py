@@ -59,7 +59,10 @@ class ExperimentConfig:
     )  # fmt: skip
     seeds: int = option(2, "Repetitions of each configuration with different seeds.", group=SWEEP, min=1)
     seed_base: int = option(0, "Run k uses seed seed_base + 100 k (node i adds i).", group=SWEEP, min=0)
-    rounds: int = option(150, "Rounds per node in every run.", group=SWEEP, min=1)
+    rounds: int = option(
+        150, "Rounds per node in every run (a node's `local` runs 20; a sweep compares whole learning curves).",
+        group=SWEEP, min=1,
+    )  # fmt: skip
     sampling: tuple[str, ...] = option(
         ("advantage",),  # a node's own default (node.core.options)
         "External sampling policies to compare: " + ", ".join(SAMPLING_POLICIES) + ".", group=SWEEP, csv=True,
@@ -80,10 +83,18 @@ class ExperimentConfig:
     )
     aggregator: str = node_option("aggregator")
     warm_start_steps: int = node_option("warm_start_steps")
-    eval_every: int = option(20, "Rounds between held-out evaluations of every node (0: off).", group=EVAL, min=0)
+    eval_every: int = option(
+        20, "Rounds between held-out evaluations of every node (0: off; a node's default is off, a sweep's "
+        "tables compare held-out accuracy).", group=EVAL, min=0,
+    )  # fmt: skip
     eval_items: int = option(64, "Held-out questions per task family.", group=EVAL, min=1, max=4096)
     eval_samples: int = option(
-        4, "Sampled completions per held-out question (0: greedy accuracy only).", group=EVAL, min=0, max=64
+        4,
+        "Sampled completions per held-out question (0: greedy accuracy only; a node's default is 8, a sweep "
+        "evaluates every node of every run).",
+        group=EVAL,
+        min=0,
+        max=64,
     )
     primary: str = option(
         "", "The one comparison declared before the sweep, as LABEL:SPLIT (e.g. advantage+sync10:4/4); the "
@@ -93,7 +104,9 @@ class ExperimentConfig:
         (), "No-sharing splits with more local groups (e.g. 16/0: twice the local data), shown for reference and "
         "marked as not equal compute.", group=SWEEP, csv=True,
     )  # fmt: skip
-    diagnose_groups: bool = node_option("diagnose_groups", True, "on in a sweep: its tables read them")
+    diagnose_groups: bool = node_option(
+        "diagnose_groups", True, "on in a sweep (off in a node's default): its tables read them"
+    )
     tasks: tuple[str, ...] = option((), "Task families (empty: all built-in families).", group=SWEEP, csv=True)
     models: tuple[str, ...] = option(
         (), "Models assigned round-robin to nodes (empty: swarm-node local's mix).", group=SWEEP, csv=True
@@ -101,7 +114,10 @@ class ExperimentConfig:
     num_generations: int = node_option("num_generations")
     learning_rate: float | None = node_option("learning_rate")
     max_new_tokens: int = option(0, "Tokens per completion (0: the node's own for its model).", group=SWEEP, min=0)
-    round_timeout: float = option(300.0, "Fail a run if no node progresses this long (s).", group=SWEEP, above=0)
+    round_timeout: float = option(
+        300.0, "Fail a run if no node progresses this long (s; a node's `local` gives up after 120 s, a sweep's "
+        "swarms start beside a finishing one).", group=SWEEP, above=0,
+    )  # fmt: skip
     min_generate_s: float = node_option("min_generate_s")
     out: str = option("runs/experiment", "Results folder (reused to resume).", group=SWEEP)
     progress: bool = option(True, "Show a progress display.", group=SWEEP)

@@ -64,3 +64,14 @@ def test_experiment_help_shows_each_default_and_choice() -> None:
     assert "(default: 150)" in text and "(default: runs/experiment)" in text and "(default: centered_clip)" in text
     assert "--sync-aggregator {mean,trimmed_mean,median,centered_clip}" in text
     assert "--no-progress off: Show a progress display." in text
+
+
+def test_a_sweep_default_unlike_a_nodes_says_so_in_its_help() -> None:
+    # the sweep runs what a node runs unless its help states the difference (None: the node's own default)
+    from node.core.options import LocalOptions
+
+    node = {f.name: f.default for f in dataclasses.fields(LocalOptions)}
+    axes = {"sampling", "sync_every"}  # one node value per run (the sweep's list)
+    for f in dataclasses.fields(ExperimentConfig):
+        if f.name in node and f.name not in axes and f.default not in (node[f.name], None, ()):
+            assert "a node's" in f.metadata["help"], f"{f.name}: {f.default!r} vs a node's {node[f.name]!r}"
