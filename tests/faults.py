@@ -91,17 +91,10 @@ class FaultSwarm:
         The first peer listens on a port picked here with an identity made
         here, so later peers can be started at once (they retry the bootstrap).
         """
-        identity, report = self.root / f"{name}.key", self.root / f"{name}.jsonl"
-        cmd = [PYTHON, str(WORKER), "--identity", str(identity), "--report", str(report)]
-        cmd += ["--go-file", str(self.go_file), "--stop-file", str(self.stop_file)]
         if not self.peers:
-            self._bootstrap = f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{load_or_create(identity).peer_id}"
-            cmd += ["--port", self._bootstrap.split("/")[4]]
-        else:
-            cmd += ["--initial-peer", self._bootstrap]
-        peer = Peer(name, self.procs.start(name, [*cmd, *args]), report)
-        self.peers[name] = peer
-        return peer
+            identity = load_or_create(self.root / f"{name}.key")
+            self._bootstrap = f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{identity.peer_id}"
+        return self._launch(name, name, self.root / f"{name}.jsonl", args)
 
     def restart(self, name: str, *args: str) -> Peer:
         """A new process of peer ``name``: its identity (and, for the first peer, its port), a new report.
@@ -109,17 +102,20 @@ class FaultSwarm:
         The worker keeps no checkpoint, so it restarts at revision 0: what a node restarted from an old
         checkpoint knows of the commits after it, which is nothing but what the swarm and its own files tell it.
         """
-        old = self.peers[name]
-        runs = sum(1 for p in self.root.glob(f"{name}.*jsonl")) + 1
-        report = self.root / f"{name}.{runs}.jsonl"
-        cmd = [PYTHON, str(WORKER), "--identity", str(self.root / f"{name}.key"), "--report", str(report)]
+        runs = sum(1 for _ in self.root.glob(f"{name}.*jsonl")) + 1
+        return self._launch(name, f"{name}.{runs}", self.root / f"{name}.{runs}.jsonl", args)
+
+    def _launch(self, name: str, label: str, report: Path, args: Sequence[str]) -> Peer:
+        """Run the worker as peer ``name`` (its identity), reported as ``label``; the bootstrap peer on its port."""
+        identity = self.root / f"{name}.key"
+        cmd = [PYTHON, str(WORKER), "--identity", str(identity), "--report", str(report)]
         cmd += ["--go-file", str(self.go_file), "--stop-file", str(self.stop_file)]
-        if self._bootstrap.endswith(old.info["peer"]):
+        if self._bootstrap.endswith("/p2p/" + load_or_create(identity).peer_id):
             cmd += ["--port", self._bootstrap.split("/")[4]]
         else:
             cmd += ["--initial-peer", self._bootstrap]
-        peer = Peer(f"{name}.{runs}", self.procs.start(f"{name}.{runs}", [*cmd, *args]), report)
-        self.peers[peer.name] = peer
+        peer = Peer(label, self.procs.start(label, [*cmd, *args]), report)
+        self.peers[label] = peer
         return peer
 
     def start_many(self, specs: Mapping[str, Sequence[str]]) -> list[Peer]:
