@@ -14,6 +14,7 @@ sweep resumes where it stopped. The aggregation (``results.json``,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -179,6 +180,7 @@ def execute_run(cfg: ExperimentConfig, run: Run, out: Path, on_poll: Callable[[i
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     t0 = time.monotonic()
+    loads = [os.getloadavg()[0]]  # before the run: what the machine carried in (or ran beside it)
     with open(run_dir / "local.log", "wb") as log:
         proc = subprocess.Popen(
             local_command(cfg, run, run_dir), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -186,9 +188,11 @@ def execute_run(cfg: ExperimentConfig, run: Run, out: Path, on_poll: Callable[[i
         try:
             while proc.poll() is None:
                 on_poll(rounds_done(run_dir))
+                loads.append(os.getloadavg()[0])
                 time.sleep(0.5)
         finally:
             _stop(proc)
+    write_atomic(run_dir / LOAD, json.dumps(RunLoad.of(loads).__dict__))
     on_poll(rounds_done(run_dir))
     result = load_run(run_dir, run.label, run.split, run.seed, time.monotonic() - t0)
     complete = len(result.nodes) == cfg.nodes and all(len(n.curve) >= cfg.rounds for n in result.nodes)
@@ -198,6 +202,45 @@ def execute_run(cfg: ExperimentConfig, run: Run, out: Path, on_poll: Callable[[i
     write_atomic(run_dir / "run.json", json.dumps(result.to_json()))
     write_atomic(run_dir / DONE, f"{time.time()}\n")
     return result
+
+
+LOAD = "load.json"
+"""Per run: the machine's 1-minute load average before it and during it (the issue's protocol records load)."""
+
+
+@dataclass(frozen=True)
+class RunLoad:
+    """The 1-minute load average when a run started, its mean and maximum while it ran, and the CPUs."""
+
+    start: float
+    mean: float
+    max: float
+    cpus: int
+
+    @classmethod
+    def of(cls, samples: list[float]) -> RunLoad:
+        """From load samples, the first taken before the run started."""
+        during = samples[1:] or samples
+        return cls(
+            round(samples[0], 2), round(sum(during) / len(during), 2), round(max(during), 2), os.cpu_count() or 1
+        )
+
+
+def load_line(out: Path, runs: list[Run]) -> str:
+    """One sentence on the machine's load over the finished runs, or "" if none recorded it."""
+    loads = []
+    for run in runs:
+        path = out / run.name / LOAD
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            loads.append(RunLoad(**json.loads(path.read_text())))
+    if not loads:
+        return ""
+    means = sorted(x.mean for x in loads)
+    return (
+        f"Machine load (1-minute average, {loads[0].cpus} CPUs), sampled twice a second during each of {len(loads)} "
+        f"runs: run means {means[0]:.1f}-{means[-1]:.1f} (median {means[len(means) // 2]:.1f}), highest "
+        f"{max(x.max for x in loads):.1f}; per run in `<run>/{LOAD}`.\n\n"
+    )
 
 
 def load_finished(out: Path, runs: list[Run]) -> list[RunResult]:
@@ -243,11 +286,11 @@ def run_sweep(cfg: ExperimentConfig) -> SweepReport:
             bar.finished_run(run.name, cfg.nodes * cfg.rounds, skipped=False)
     report.results = load_finished(out, runs)
     if report.results:
-        write_outputs(cfg, report.results, out)
+        write_outputs(cfg, report.results, out, load_line(out, runs))
     return report
 
 
-def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path) -> None:
+def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path, load: str = "") -> None:
     """results.json, results.md and the PNG plots, from the finished runs."""
     from node.experiments.plots import plot_cumulative, plot_reward_curves, plot_sources
     from node.experiments.results import SAPO_REFERENCE
@@ -278,7 +321,7 @@ def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path) ->
     # a no-sharing split is the same runs under every policy: its rows once, under the first policy
     shown = [s for s in summaries if shown_row(s.sampling, s.split)]
     table = markdown_table(shown, reference_splits=cfg.reference_splits)
-    text = f"# Experiment results\n\n{title}\n\n"
+    text = f"# Experiment results\n\n{title}\n\n{load}"
     if learned:
         text += f"Held-out accuracy, paired by seed against {baseline[0]} {baseline[1]}:\n\n"
         text += heldout_table(learned, baseline, cfg.primary) + "\n\nTraining reward (each node's own stream):\n\n"

@@ -30,7 +30,7 @@ from node.experiments.results import (
     std_curves,
     summarize,
 )
-from node.experiments.sweep import Run, is_finished, labels, local_command, plan_runs, write_atomic
+from node.experiments.sweep import Run, RunLoad, is_finished, labels, load_line, local_command, plan_runs, write_atomic
 from node.observe.metrics import MetricsWriter
 
 
@@ -285,3 +285,17 @@ def test_node_diagnostics_average_rounds_that_used_both_sources() -> None:
     assert d["grad_share_external"] == pytest.approx(0.75) and d["grad_cos"] == 0.5
     summary = summarize([RunResult("uniform", "4/4", 0, (NodeResult("p", "m", (0.1,), diagnostics=d),))])
     assert "| uniform | 4/4 | -2.000 | -7.000 | 0.200 | 0.750 | 0.750 | 0.500 |" in diagnostics_table(summary)
+
+
+def test_run_load_and_its_line(tmp_path: Path) -> None:
+    load = RunLoad.of([0.5, 4.0, 6.0, 8.0])
+    assert (load.start, load.mean, load.max) == (0.5, 6.0, 8.0) and load.cpus >= 1
+    runs = [Run("advantage", 8, 0, 0), Run("advantage", 4, 4, 0), Run("advantage", 4, 4, 100)]
+    assert load_line(tmp_path, runs) == ""  # nothing recorded (runs from before loads were kept)
+    for r, x in zip(runs[:2], (load, RunLoad(1.0, 3.0, 3.5, load.cpus)), strict=True):
+        (tmp_path / r.name).mkdir(parents=True)
+        write_atomic(tmp_path / r.name / "load.json", json.dumps(x.__dict__))
+    (tmp_path / runs[2].name).mkdir(parents=True)
+    (tmp_path / runs[2].name / "load.json").write_text("{not json")  # a torn file is skipped, not fatal
+    line = load_line(tmp_path, runs)
+    assert "each of 2 runs: run means 3.0-6.0 (median 6.0), highest 8.0" in line
