@@ -92,8 +92,12 @@ class OuterSyncConfig:
             "steps trained meanwhile (async DiLoCo, 'eager updates'); off: training waits for every sync."
         },
     )
-    outer_lr: float = field(default=0.7, metadata={"help": "Outer SGD learning rate."})
-    outer_momentum: float = field(default=0.9, metadata={"help": "Outer SGD momentum."})
+    outer_lr: float = field(
+        default=0.7, metadata={"help": "Outer SGD learning rate (DiLoCo's; a node's default is 1, plain averaging)."}
+    )
+    outer_momentum: float = field(
+        default=0.9, metadata={"help": "Outer SGD momentum (DiLoCo's; a node's default is 0, plain averaging)."}
+    )
     nesterov: bool = field(default=True, metadata={"help": "Use Nesterov momentum in the outer step."})
     compression: str = field(
         default="none", metadata={"help": "Exchanged tensor encoding: none, fp16 or int8 (per-chunk scale)."}

@@ -59,12 +59,12 @@ def test_the_sync_axis_runs_no_sharing_once_per_setting_and_compares_it_with_the
     argv = local_command(cfg, runs[2], cfg_dir)
     assert "--sync-every" in argv and argv[argv.index("--sync-every") + 1] == "10"
     assert "--sync-every" not in local_command(cfg, runs[0], cfg_dir)
-    plain = dataclasses.replace(cfg, outer_lr=1.0, outer_momentum=0.0, aggregator="mean")
-    argv = local_command(plain, runs[2], cfg_dir)
+    diloco = dataclasses.replace(cfg, outer_lr=0.7, outer_momentum=0.9, aggregator="mean")  # not a node's defaults
+    argv = local_command(diloco, runs[2], cfg_dir)
     assert [argv[argv.index(f) + 1] for f in ("--outer-lr", "--outer-momentum", "--sync-aggregator")] == [
-        "1.0", "0.0", "mean"
+        "0.7", "0.9", "mean"
     ]  # fmt: skip
-    assert "--outer-momentum" not in local_command(plain, runs[0], cfg_dir)  # the outer step needs a sync
+    assert "--outer-momentum" not in local_command(diloco, runs[0], cfg_dir)  # the outer step needs a sync
     with pytest.raises(ValueError, match="aggregator"):
         ExperimentConfig(aggregator="average")
     assert sync_of("advantage+sync10") == "+sync10" and sync_of("advantage") == ""

@@ -65,7 +65,9 @@ def test_default_options_give_the_components_own_defaults() -> None:
 
 def test_sync_options_feed_the_sync_config() -> None:
     _, parts = node_configs(NodeOptions(sync_every=5), "0.0.0.0", 0)
-    assert parts.sync == dataclasses.replace(OuterSyncConfig(), sync_every=5)
+    # a node's outer step is plain averaging (what taught in RL); the library's default stays DiLoCo's
+    plain = dataclasses.replace(OuterSyncConfig(), sync_every=5, outer_lr=1.0, outer_momentum=0.0)
+    assert parts.sync == plain and OuterSyncConfig().outer_lr == 0.7
     given = NodeOptions(sync_every=5, compression="int8", outer_lr=0.5, outer_momentum=0.0)
     _, parts = node_configs(given, "0.0.0.0", 0)
     assert parts.sync is not None
