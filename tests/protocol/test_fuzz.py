@@ -10,6 +10,7 @@ targets that crash, hang, burn CPU, lie or leak.
 
 from __future__ import annotations
 
+import mmap
 import time
 from typing import Any
 
@@ -138,10 +139,14 @@ def test_harness_stops_a_hang_and_flags_slow_and_wrong_results() -> None:
 
 
 def test_harness_flags_memory_growth() -> None:
-    kept: list[bytes] = []
+    kept: list[mmap.mmap] = []
 
     def leak(_: bytes) -> bool:
-        kept.append(b"\x01" * (1 << 20))  # touched pages: zeroed ones may never count in RSS
+        # fresh anonymous pages, touched: a bytes object could reuse heap memory that earlier tests freed
+        # (glibc raises its mmap threshold after large frees), and then RSS would not grow
+        page = mmap.mmap(-1, 1 << 20)
+        page.write(b"\x01" * (1 << 20))
+        kept.append(page)
         return True
 
     report = run_target(_fake(leak), 60, time.monotonic() + 30, FuzzConfig(max_growth_mb=8.0))
