@@ -17,7 +17,8 @@ donor was, at a failed dial's time ``t``:
 - **gone**: no process of it was logging at ``t`` (killed, left, not yet
   restarted).
 
-Run: ``python bench/chaos_dials.py runs/<chaos out>``. Pure functions below;
+Log lines carry the time of day only, so a run that crosses midnight is judged wrongly
+across it. Run: ``python bench/chaos_dials.py runs/<chaos out>``. Pure functions below;
 only :func:`main` reads files.
 """
 
