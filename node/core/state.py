@@ -33,7 +33,7 @@ FORMAT = 1
 
 
 def capture(node: Checkpointable) -> dict[str, Any]:
-    """Weights, optimizer state, outer-sync state (anchor, momentum, revision), round and sampler RNG.
+    """Weights, optimizer state, outer-sync state (anchor, any momentum, revision), round and sampler RNG.
 
     An adapter node saves its adapter weights only (the frozen base is loaded again at start) and
     the identity of its base and adapter (``adapter``; None under full fine-tuning).

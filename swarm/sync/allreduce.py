@@ -278,6 +278,7 @@ class SyncService:
                 else:
                     part = await self._receive_inline(rnd, header, reader, expected)
                 await self._add_part(rnd, sender, weight, part)
+                del part  # the round holds it until its slice is reduced, not until the reply below is sent
             except (SyncAborted, TimeoutError) as e:
                 if isinstance(e, SyncAborted):
                     rnd.fail(e.reason, e.cause)
@@ -605,8 +606,12 @@ class SyncService:
         finally:
             writer.close()
 
-    async def fetch_state(self, donor: str, n: int, timeout: float) -> Snapshot:
-        """Download ``donor``'s current state; verify it hashes as announced and is finite."""
+    async def fetch_state(self, donor: str, n: int, timeout: float, momentum_elems: int | None = None) -> Snapshot:
+        """Download ``donor``'s current state; verify it hashes as announced and is finite.
+
+        ``n``: the anchor's values; ``momentum_elems``: the momentum's (None: ``n``; 0 without momentum).
+        """
+        m = n if momentum_elems is None else momentum_elems
         end = self._clock() + timeout
         _, reader, writer = await asyncio.wait_for(
             self._p2p.call_binary_stream_handler(PeerID.from_base58(donor), self._name), self._chunk_timeout
@@ -615,14 +620,14 @@ class SyncService:
             await write_frame(writer, {"op": "state"}, b"", self._chunk_timeout)
             header = await read_header(reader, max(0.01, end - self._clock()))
             check_ok(header)
-            if header.get("n") != n or header["size"] != 8 * n:
-                raise BadBytes(f"state of {header.get('n')} elements, expected {n}")
-            payload = await read_payload(reader, 8 * n, self._chunk_timeout)
+            if header.get("n") != n or header["size"] != 4 * (n + m):
+                raise BadBytes(f"state of {header.get('n')} elements ({header['size']} bytes), expected {n}")
+            payload = await read_payload(reader, 4 * (n + m), self._chunk_timeout)
         finally:
             writer.close()
 
         def verify() -> Snapshot:
-            anchor, momentum = from_bytes(payload[: 4 * n], n), from_bytes(payload[4 * n :], n)
+            anchor, momentum = from_bytes(payload[: 4 * n], n), from_bytes(payload[4 * n :], m)
             digest = compute_state_hash(anchor, momentum)
             revision = header.get("revision")
             if digest != header.get("state_hash") or not isinstance(revision, int) or isinstance(revision, bool):

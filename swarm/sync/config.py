@@ -277,9 +277,18 @@ class OuterSyncConfig:
         per_element = BYTES_PER_ELEMENT[self.compression]
         return max(self.allreduce_timeout_s, self.transfer_s(2 * per_element * n_elems))
 
+    def momentum_elems(self, n_elems: int) -> int:
+        """Values of the outer momentum a state of ``n_elems`` parameters holds: none without momentum.
+
+        With ``outer_momentum`` 0 the step never reads the buffer (it would only copy the last average),
+        so the state is the anchor alone: a model's size less at rest, in every round and in every
+        catch-up download. The rule is in the sync namespace, so every peer a node meets agrees.
+        """
+        return n_elems if self.outer_momentum > 0 else 0
+
     def state_bound_s(self, n_elems: int) -> float:
-        """Bound on downloading a state (anchor and momentum, float32) of ``n_elems`` parameters."""
-        return max(self.state_timeout_s, self.transfer_s(8 * n_elems))
+        """Bound on downloading a state (anchor and any momentum, float32) of ``n_elems`` parameters."""
+        return max(self.state_timeout_s, self.transfer_s(4 * (n_elems + self.momentum_elems(n_elems))))
 
     def max_sync_seconds(self, n_elems: int) -> float:
         """Upper bound on one ``sync_now`` (catch-up included) for a model of ``n_elems`` parameters; see

@@ -9,7 +9,7 @@ grow with the model's bytes at ``min_link_mbit``):
    (or another hash at this revision) than report this peer's own (those
    that still answer a ping), or one trusted peer a state a few revisions
    on whose shift this peer's own steps can account for, download
-   (anchor, momentum, revision) from a peer at the target, verify the hash,
+   (anchor, any momentum, revision) from a peer at the target, verify the hash,
    that it is finite and plausibly close to this peer's own anchor, and
    move to it (:mod:`swarm.sync.catchup`); the weights keep this peer's own
    progress on top (:meth:`OuterSync.apply`). Keys that are not trusted
@@ -119,7 +119,7 @@ class OuterSync:
         self.fingerprint = sync_fingerprint(model_fingerprint(module), cfg.rule())
         self._membership = membership
         anchor = flatten(module)
-        momentum = torch.zeros_like(anchor)
+        momentum = torch.zeros(cfg.momentum_elems(anchor.numel()), dtype=torch.float32, device=anchor.device)
         self._snap = Snapshot(0, state_hash(anchor, momentum), anchor, momentum)
         # the state the module's weights are based on; _snap runs ahead of it while a round's
         # outcome waits to be applied, and checkpoints save this one (weights and anchor agree)
@@ -170,7 +170,7 @@ class OuterSync:
 
     @property
     def state_hash(self) -> str:
-        """sha256 hex of the anchor and outer momentum."""
+        """sha256 hex of the anchor and outer momentum (none with ``outer_momentum`` 0)."""
         return self._snap.state_hash
 
     def state_dict(self) -> dict[str, Any]:
@@ -189,10 +189,14 @@ class OuterSync:
         device = self._snap.anchor.device
         anchor = state["anchor"].to(device, torch.float32)
         momentum = state["momentum"].to(device, torch.float32)
-        if anchor.shape != self._snap.anchor.shape or momentum.shape != anchor.shape:
+        if anchor.shape != self._snap.anchor.shape or momentum.numel() not in (0, anchor.numel()):
             raise ValueError(
                 f"outer-sync state has {anchor.numel()} values; this model has {self._snap.anchor.numel()}"
             )
+        if momentum.numel() != self._snap.momentum.numel():
+            # a checkpoint from a run with the other --outer-momentum setting: its rule's namespace is
+            # another swarm's, so no peer vouches for this state under its old hash anyway
+            momentum = torch.zeros_like(self._snap.momentum)
         revision = int(state["revision"])
         self._snap = self._applied = Snapshot(revision, state_hash(anchor, momentum), anchor, momentum)
         step = state.get("anchor_step")
@@ -333,7 +337,8 @@ class OuterSync:
         return self._catchup.refusals
 
     def _fetch_state(self, donor: str, n: int, timeout: float) -> Snapshot:
-        got: Snapshot = self._membership.run(self._service.fetch_state(donor, n, timeout), timeout + 1)
+        fetch = self._service.fetch_state(donor, n, timeout, self.cfg.momentum_elems(n))
+        got: Snapshot = self._membership.run(fetch, timeout + 1)
         return got
 
     def _maybe_catch_up(self) -> bool:

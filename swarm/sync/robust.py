@@ -76,8 +76,14 @@ def as_array(x: torch.Tensor) -> np.ndarray:
 
 
 def finite(x: torch.Tensor) -> bool:
-    """Whether every element of ``x`` is finite."""
-    return bool(np.isfinite(as_array(x)).all())
+    """Whether every element of ``x`` is finite (block by block: no mask of the whole vector at once)."""
+    a = as_array(x).reshape(-1)
+    mask = np.empty(min(NORM_BLOCK, a.size), dtype=bool)
+    for start in range(0, a.size, NORM_BLOCK):
+        piece = mask[: min(NORM_BLOCK, a.size - start)]
+        if not np.isfinite(a[start : start + piece.size], out=piece).all():
+            return False
+    return True
 
 
 def norm(x: torch.Tensor) -> float:

@@ -208,6 +208,10 @@ def load_flat(module: torch.nn.Module, flat: torch.Tensor) -> None:
             offset += n
 
 
+STEP_CHUNK = 1 << 20
+"""Values per piece of the Nesterov step's temporary (4 MB), so the step needs no third model-sized vector."""
+
+
 def outer_step(
     anchor: torch.Tensor,
     momentum: torch.Tensor,
@@ -219,24 +223,32 @@ def outer_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SGD with (Nesterov) momentum, as torch.optim.SGD computes it; returns new tensors.
 
+    With ``mu`` 0 the returned momentum is empty (the state keeps none: see
+    :meth:`swarm.sync.config.OuterSyncConfig.momentum_elems`) and ``momentum`` is not read.
+
     Each operation is a separately rounded float32 numpy ufunc (no fused
     multiply-add), so the result is the same bits on any IEEE machine.
-    ``consume_grad``: compute the update in ``grad``'s own memory (it is
-    overwritten), so the step allocates two new vectors instead of three.
+    ``consume_grad``: the new anchor is computed in ``grad``'s own memory (it
+    is overwritten), so plain averaging allocates nothing and a momentum step
+    only the new momentum; otherwise the step copies ``grad`` first.
     """
-    g = as_array(grad)
+    g = as_array(grad) if consume_grad else as_array(grad).copy()
+    a = as_array(anchor)
     mu32, lr32 = np.float32(mu), np.float32(lr)
     with np.errstate(over="ignore"):  # an overflow gives inf, which the caller's step check refuses
+        if mu == 0:  # the same bits as below with mu 0 (m = g, and Nesterov adds 0 m)
+            np.multiply(g, lr32, out=g)
+            np.subtract(a, g, out=g)
+            return torch.from_numpy(g), torch.zeros(0, dtype=torch.float32)
         # the same roundings in the same order as the plain expressions
         m = np.multiply(as_array(momentum), mu32)
         np.add(m, g, out=m)
-        new_anchor = np.empty_like(m)
-        update = g if consume_grad else np.empty_like(m)
-        if nesterov:
-            np.multiply(m, mu32, out=new_anchor)  # m mu, held in the new anchor's memory until the end
-            np.add(g, new_anchor, out=update)
-            np.multiply(update, lr32, out=update)
-        else:
-            np.multiply(m, lr32, out=update)
-        np.subtract(as_array(anchor), update, out=new_anchor)
-    return torch.from_numpy(new_anchor), torch.from_numpy(m)
+        for start in range(0, g.size, STEP_CHUNK):
+            part, mp, ap = g[start : start + STEP_CHUNK], m[start : start + STEP_CHUNK], a[start : start + STEP_CHUNK]
+            if nesterov:
+                np.add(part, np.multiply(mp, mu32), out=part)
+                np.multiply(part, lr32, out=part)
+            else:
+                np.multiply(mp, lr32, out=part)
+            np.subtract(ap, part, out=part)
+    return torch.from_numpy(g), torch.from_numpy(m)

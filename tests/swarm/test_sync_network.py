@@ -116,10 +116,13 @@ def test_sigstop_mid_round_then_catch_up(fault_swarm: FaultSwarm) -> None:
 
 
 def test_late_joiner_catches_up(fault_swarm: FaultSwarm) -> None:
+    """With a node's default outer step (plain averaging), whose state is the anchor alone; the SIGSTOP test
+    above downloads a state with momentum."""
+    plain = ("--outer-lr", "1.0", "--outer-momentum", "0")
     peers = fault_swarm.start_many(
         {
-            **{n: ("--steps", "24") for n in "abc"},
-            "late": ("--steps", "8", "--go-file", str(fault_swarm.root / "go-late")),
+            **{n: ("--steps", "24", *plain) for n in "abc"},
+            "late": ("--steps", "8", "--go-file", str(fault_swarm.root / "go-late"), *plain),
         }
     )
     a, late = peers[0], peers[3]
@@ -141,7 +144,8 @@ def test_two_architectures_form_two_groups(fault_swarm: FaultSwarm, differ: str)
     """Peers whose models differ, or whose outer steps would turn one average into different states, never meet."""
     wide, narrow = ("--steps", "8", "--arch", "32,32,8"), ("--steps", "8", "--arch", "16,24,8")
     if differ == "outer rule":
-        narrow = ("--steps", "8", "--outer-lr", "1.0")  # the same model as `wide`
+        # the same model as `wide`; plain averaging (a node's default) keeps no momentum in its state
+        narrow = ("--steps", "8", "--outer-lr", "1.0", "--outer-momentum", "0")
     peers = fault_swarm.start_many({"w1": wide, "w2": wide, "n1": narrow, "n2": narrow})
     fault_swarm.go()
     finals = {p.name: final_state(p, 60.0) for p in peers}

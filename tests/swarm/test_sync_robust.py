@@ -10,17 +10,29 @@ import torch
 from swarm.sync import OuterSyncConfig
 from swarm.sync.config import AbortCause, SyncOutcome, SyncReport
 from swarm.sync.robust import (
+    NORM_BLOCK,
     RULES,
     Suspicion,
     aggregate,
     check_slice,
     check_step,
+    finite,
     max_step,
     norm,
     norm_bound,
     reduce_slice,
 )
 from swarm.sync.tensors import decode, encode, outer_step
+
+
+@pytest.mark.parametrize("at", [0, NORM_BLOCK - 1, NORM_BLOCK, 2 * NORM_BLOCK + 5])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_finite_finds_a_bad_value_in_any_block(at: int, bad: float) -> None:
+    x = torch.ones(2 * NORM_BLOCK + 6)
+    assert finite(x) and finite(torch.zeros(0))
+    x[at] = bad
+    assert not finite(x)
+
 
 N = 1000
 

@@ -24,6 +24,7 @@ from swarm.sync import (
     decide_catch_up,
     decide_commit,
     decide_group,
+    tensors,
 )
 from swarm.sync import records as records_module
 from swarm.sync.config import BYTES_PER_ELEMENT, COMPRESSIONS
@@ -259,20 +260,48 @@ def test_trimmed_mean_resists_an_outlier() -> None:
 
 
 @pytest.mark.parametrize("nesterov", [True, False])
-def test_outer_step_matches_torch_sgd(nesterov: bool) -> None:
+def test_outer_step_matches_torch_sgd(nesterov: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     gen = torch.Generator().manual_seed(1)
     anchor, momentum = torch.randn(1000, generator=gen), torch.zeros(1000)
     param = torch.nn.Parameter(anchor.clone())
     opt = torch.optim.SGD([param], lr=0.7, momentum=0.9, nesterov=nesterov)
     for _ in range(3):
         grad = torch.randn(1000, generator=gen)
-        # computing the update in the gradient's own memory gives the same bits
-        same = outer_step(anchor, momentum, grad.clone(), 0.7, 0.9, nesterov, consume_grad=True)
+        # computing the update in the gradient's own memory, piece by piece, gives the same bits
+        with monkeypatch.context() as patch:
+            patch.setattr(tensors, "STEP_CHUNK", 7)  # 1000 values in 143 pieces
+            same = outer_step(anchor, momentum, grad.clone(), 0.7, 0.9, nesterov, consume_grad=True)
         anchor, momentum = outer_step(anchor, momentum, grad, 0.7, 0.9, nesterov)
         assert torch.equal(same[0], anchor) and torch.equal(same[1], momentum)
         param.grad = grad.clone()
         opt.step()
     assert torch.allclose(anchor, param.detach(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_without_momentum_the_step_keeps_no_buffer_and_gives_the_same_bits(nesterov: bool) -> None:
+    gen = torch.Generator().manual_seed(2)
+    anchor, grad = torch.randn(1000, generator=gen), torch.randn(1000, generator=gen)
+    for lr in (1.0, 0.7):
+        # what the momentum path computes with mu 0 (m = 0 mu + g = g; Nesterov adds 0 m), rounded once per op
+        want = anchor.numpy() - grad.numpy() * np.float32(lr)
+        got_anchor, got_m = outer_step(anchor, torch.zeros(0), grad.clone(), lr, 0.0, nesterov, consume_grad=True)
+        assert np.array_equal(got_anchor.numpy(), want) and got_m.numel() == 0
+        param = torch.nn.Parameter(anchor.clone())
+        param.grad = grad.clone()
+        torch.optim.SGD([param], lr=lr, momentum=0.0).step()
+        assert torch.allclose(got_anchor, param.detach(), rtol=0, atol=1e-6)
+    assert torch.equal(outer_step(anchor, torch.zeros(0), grad.clone(), 1.0, 0.0, nesterov)[0], anchor - grad)
+
+
+def test_a_state_without_momentum_is_the_anchor_alone() -> None:
+    cfg, plain = OuterSyncConfig(), OuterSyncConfig(outer_lr=1.0, outer_momentum=0.0)
+    assert (cfg.momentum_elems(10), plain.momentum_elems(10)) == (10, 0)
+    a = torch.ones(10)
+    assert state_hash(a, torch.zeros(0)) != state_hash(a, torch.zeros(10))  # two rules: two namespaces anyway
+    # a catch-up download moves half the bytes, and its bound shrinks with them
+    big = 50_000_000
+    assert plain.state_bound_s(big) == pytest.approx(cfg.state_bound_s(big) / 2)
 
 
 def test_state_hash_covers_anchor_and_momentum() -> None:
