@@ -31,7 +31,9 @@ not counted for either; for hivemind the larger of the peer's main process and
 its averager process, the forked child that runs the all-reduce on the shared
 tensors); ``/mdl`` divides by the model's float32 size ``mdl_MB``. ``+ours`` is
 our peak RSS minus the worker's RSS with everything imported and no model yet:
-the model, the sync's state (anchor, momentum) and every round's buffers.
+the model, the sync's state (the anchor, and the momentum where ``--outer-momentum``
+is above 0) and every round's buffers. The outer step is a node's default (plain
+averaging: ``--outer-lr 1 --outer-momentum 0``) unless told otherwise.
 
 Links (``--links``): ``lo`` runs the 4 peers on 127.0.0.1, where bytes are
 nearly free; a rate such as ``100`` or ``1000`` (Mbit/s) puts each peer in its
@@ -47,7 +49,7 @@ when time is proportional to bytes.
 Usage::
 
     .venv/bin/python bench/bench_sync.py --sizes 1,10,50 --rounds-per 2 [--only ours,hivemind,mesh] [--keep DIR]
-        [--aggregator RULE] [--links lo,1000,100]
+        [--aggregator RULE] [--outer-lr 0.7 --outer-momentum 0.9] [--links lo,1000,100]
 
 ``--keep DIR`` leaves every peer's JSON-lines report and log in DIR (a new folder).
 """
@@ -105,7 +107,9 @@ class Net:
         return [*self.links.prefix(i), *cmd] if self.links else cmd
 
 
-def run_ours(width: int, rounds_per: int, root: Path, timeout_s: float, aggregator: str, net: Net) -> Records:
+def run_ours(
+    width: int, rounds_per: int, root: Path, timeout_s: float, aggregator: str, outer: tuple[float, float], net: Net
+) -> Records:
     """Run 4 sync peers with a width x width (+ bias) Linear model; return all their records."""
     port = _free_port()
     boot = f"/ip4/{net.host(0)}/tcp/{port}/p2p/{load_or_create(root / 'p0.key').peer_id}"
@@ -120,6 +124,7 @@ def run_ours(width: int, rounds_per: int, root: Path, timeout_s: float, aggregat
             cmd += ["--compression", ",".join(ENCODINGS), "--rounds-per", str(rounds_per)]
             # the node's 5 s gather window: 4 peers on 2 cores reach a round up to ~1.6 s apart at 50M
             cmd += ["--timeouts", "5.0,120,15,5,300,15", "--aggregator", aggregator]
+            cmd += ["--outer-lr", str(outer[0]), "--outer-momentum", str(outer[1])]
             cmd += ["--port", str(port)] if i == 0 else ["--initial-peer", boot]
             procs.start(f"p{i}", net.cmd(i, [*cmd, "--host", net.host(i)]))
         _wait_ready(procs, timeout_s)
@@ -319,9 +324,10 @@ def run_size(
     width = int((millions * 1e6) ** 0.5)
     params = width * width + width
     base: dict[str, dict[str, Any]] = {enc: {"link": link, "params": params, "enc": enc} for enc in ENCODINGS}
+    outer = (args.outer_lr, args.outer_momentum)
     runs: dict[str, tuple[Callable[[Path], Records], Callable[[Records, int, int], dict[str, dict[str, Any]]]]] = {
         "ours": (
-            lambda root: run_ours(width, args.rounds_per, root, args.timeout, args.aggregator, net),
+            lambda root: run_ours(width, args.rounds_per, root, args.timeout, args.aggregator, outer, net),
             summarize_ours,
         ),
         "hivemind": (lambda root: run_hivemind(width, args.rounds_per, root, args.timeout, net), summarize_hivemind),
@@ -439,6 +445,15 @@ def main() -> int:
     parser.add_argument("--keep", default="", help="keep the peers' reports and logs in this folder")
     parser.add_argument(
         "--aggregator", default=OuterSyncConfig().aggregator, help="our reducers' rule (default: the node's default)"
+    )
+    parser.add_argument(
+        "--outer-lr", type=float, default=1.0, help="our outer step's rate (default: the node's, plain averaging)"
+    )
+    parser.add_argument(
+        "--outer-momentum",
+        type=float,
+        default=0.0,
+        help="our outer momentum (default: the node's, 0: the state holds no momentum; DiLoCo's is 0.9, lr 0.7)",
     )
     parser.add_argument(
         "--links",

@@ -64,6 +64,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fault", action="append", default=[], help="PHASE:REVISION:ACTION (stop|drop)")
     p.add_argument("--aggregator", default="mean")
     p.add_argument("--outer-lr", type=float, default=0.7, help="outer_lr")
+    p.add_argument("--outer-momentum", type=float, default=0.9, help="outer_momentum (0: the state keeps none)")
     p.add_argument(
         "--poison", default="", choices=["", "huge", "noise", "liar", "veto", "flip"], help="be a hostile member"
     )
@@ -74,7 +75,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--halt-file", default="", help="stop stepping (before --steps) once this file exists")
     p.add_argument("--claim-steps", type=int, default=0, help="be a hostile member claiming this many inner steps")
     p.add_argument("--max-weight-ratio", type=float, default=4.0, help="max_weight_ratio")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.dump and args.outer_momentum == 0:
+        p.error("--dump recovers the applied average from the momentum; use --outer-momentum above 0")
+    return args
 
 
 def _hook(faults: list[str], out: Reporter, leave: list[Any]) -> Any:
@@ -111,6 +115,7 @@ def _sync_config(args: argparse.Namespace, cls: Any) -> Any:
         poll_s=0.05,
         aggregator=args.aggregator,
         outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum,
         ping_timeout_s=args.ping_timeout,
         max_group_size=args.max_group,
         max_weight_ratio=args.max_weight_ratio,
@@ -249,15 +254,20 @@ class _Loop:
         args = self.args
         gen = torch.Generator().manual_seed(args.update_seed * 100_003 + step)
         shared = torch.Generator().manual_seed(7)  # one direction for every peer: the progress they share
+        offset = 0
         with torch.no_grad():
-            updates = [
-                0.01 * (torch.randn(p.shape, generator=gen) + args.drift * torch.randn(p.shape, generator=shared))
-                for p in self.model.parameters()
-            ]
-            for p, u in zip(self.model.parameters(), updates, strict=True):
+            # one parameter-sized temporary at a time, as hivemind_avg_worker.py refills in place: the bench's
+            # peak memory is the sync's, not this simulated step's
+            for p in self.model.parameters():
+                u = torch.randn(p.shape, generator=gen)
+                if args.drift:
+                    u.add_(torch.randn(p.shape, generator=shared), alpha=args.drift)
+                u.mul_(0.01)
                 p.add_(u)
-        if self.own_total is not None:
-            self.own_total += torch.cat([u.reshape(-1) for u in updates])
+                if self.own_total is not None:
+                    self.own_total[offset : offset + u.numel()] += u.reshape(-1)
+                offset += u.numel()
+                del u
         time.sleep(args.step_sleep)  # the simulated step time is the workload, not synchronisation
         encodings = args.compression.split(",")
         if self.runner is None or not self.runner.busy:  # never under a sync that is running
