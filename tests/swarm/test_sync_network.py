@@ -142,7 +142,8 @@ def test_late_joiner_catches_up(fault_swarm: FaultSwarm) -> None:
 @pytest.mark.parametrize("differ", ["architecture", "outer rule"])
 def test_two_architectures_form_two_groups(fault_swarm: FaultSwarm, differ: str) -> None:
     """Peers whose models differ, or whose outer steps would turn one average into different states, never meet."""
-    wide, narrow = ("--steps", "8", "--arch", "32,32,8"), ("--steps", "8", "--arch", "16,24,8")
+    wide: tuple[str, ...] = ("--steps", "8", "--arch", "32,32,8")
+    narrow: tuple[str, ...] = ("--steps", "8", "--arch", "16,24,8")
     if differ == "outer rule":
         # the same model as `wide`; plain averaging (a node's default) keeps no momentum in its state
         narrow = ("--steps", "8", "--outer-lr", "1.0", "--outer-momentum", "0")
