@@ -12,6 +12,7 @@ import fcntl
 import logging
 import os
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,6 +112,15 @@ class IdentityInUse(IdentityError):
     """Another running process holds this identity: two nodes with one peer id would fight over it."""
 
 
+LOCK_WAIT_S = 10.0
+"""How long a starting node waits for its identity's lock before refusing to start.
+
+The lock is an ``flock``, which a forked child shares: hivemind's DHT process holds it until it exits.
+When a node is SIGKILLed, that process gets SIGKILL at its parent's death (node.cli.signals) but exits
+a moment later, longer on a loaded machine, so a restart at once (a supervisor's, or a test's) could be
+refused with no other node running. A second node on one identity is refused after this wait."""
+
+
 class IdentityLock:
     """An exclusive ``flock`` on ``<identity>.lock`` held while a node runs; the kernel drops it when we exit."""
 
@@ -118,17 +128,22 @@ class IdentityLock:
         self.path = identity.path.with_name(identity.path.name + ".lock")
         self._fd: int | None = None
 
-    def acquire(self) -> IdentityLock:
-        """Take the lock, or raise :class:`IdentityInUse` naming the fix."""
+    def acquire(self, wait_s: float = LOCK_WAIT_S, poll_s: float = 0.05) -> IdentityLock:
+        """Take the lock, waiting up to ``wait_s`` for a previous process to let go of it, or raise
+        :class:`IdentityInUse` naming the fix."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            key = self.path.with_name(self.path.name.removesuffix(".lock"))
-            raise IdentityInUse(
-                f"identity {key} is in use by another running node; pass --identity PATH for a second node"
-            ) from None
+        end, waited = time.monotonic() + wait_s, False
+        while not _try_flock(fd):
+            if time.monotonic() >= end:
+                os.close(fd)
+                key = self.path.with_name(self.path.name.removesuffix(".lock"))
+                raise IdentityInUse(
+                    f"identity {key} is in use by another running node; pass --identity PATH for a second node"
+                )
+            if not waited:
+                logger.info("%s is held: waiting up to %.0f s for its last process to exit", self.path, wait_s)
+                waited = True
+            time.sleep(poll_s)
         self._fd = fd
         return self
 
@@ -136,3 +151,11 @@ class IdentityLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the file drops the flock
             self._fd = None
+
+
+def _try_flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True

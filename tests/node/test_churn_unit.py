@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -73,9 +75,27 @@ def test_a_second_lock_on_one_identity_is_refused_until_released(tmp_path: Path)
     identity = load_or_create(tmp_path / "id.key")
     first = IdentityLock(identity).acquire()
     with pytest.raises(IdentityInUse, match="is in use by another running node; pass --identity PATH"):
-        IdentityLock(identity).acquire()
+        IdentityLock(identity).acquire(wait_s=0.2)
     first.release()
-    IdentityLock(identity).acquire().release()
+    IdentityLock(identity).acquire(wait_s=0.0).release()
+
+
+@pytest.mark.process
+def test_a_lock_a_forked_child_still_holds_is_taken_once_the_child_exits(tmp_path: Path) -> None:
+    """As hivemind's DHT process holds a SIGKILLed node's lock for a moment: a restart waits for it."""
+    identity = load_or_create(tmp_path / "id.key")
+    held = IdentityLock(identity).acquire()
+    pid = os.fork()
+    if pid == 0:  # the child shares the lock (one open file description) and exits a moment later
+        time.sleep(0.5)
+        os._exit(0)
+    try:
+        held.release()  # the parent's copy is closed, as if it died: the child's copy still holds the lock
+        with pytest.raises(IdentityInUse):
+            IdentityLock(identity).acquire(wait_s=0.0)
+        IdentityLock(identity).acquire(wait_s=10.0).release()
+    finally:
+        os.waitpid(pid, 0)
 
 
 def test_sync_partner_warning() -> None:
