@@ -98,6 +98,16 @@ _SPENT = torch.empty(0)
 """What an :class:`Assembled` holds as its average once the outer step has consumed it."""
 
 
+def fit_momentum(momentum: torch.Tensor, n: int) -> torch.Tensor:
+    """A checkpoint's momentum as a state of this rule holds it: ``n`` values (0 without momentum).
+
+    A checkpoint written under the other ``--outer-momentum`` setting has the other size: its old hash
+    named a state in another rule's namespace, where no peer of this one vouches for it, so the buffer
+    restarts at zero (or is dropped) and the anchor is kept.
+    """
+    return momentum if momentum.numel() == n else torch.zeros(n, dtype=torch.float32, device=momentum.device)
+
+
 class OuterSync:
     """DiLoCo outer sync of ``module`` with the peers of the same fingerprint.
 
@@ -193,10 +203,7 @@ class OuterSync:
             raise ValueError(
                 f"outer-sync state has {anchor.numel()} values; this model has {self._snap.anchor.numel()}"
             )
-        if momentum.numel() != self._snap.momentum.numel():
-            # a checkpoint from a run with the other --outer-momentum setting: its rule's namespace is
-            # another swarm's, so no peer vouches for this state under its old hash anyway
-            momentum = torch.zeros_like(self._snap.momentum)
+        momentum = fit_momentum(momentum, self._snap.momentum.numel())
         revision = int(state["revision"])
         self._snap = self._applied = Snapshot(revision, state_hash(anchor, momentum), anchor, momentum)
         step = state.get("anchor_step")

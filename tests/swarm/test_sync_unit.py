@@ -38,6 +38,7 @@ from swarm.sync.decide import (
     window_sealed,
 )
 from swarm.sync.errors import BadBytes
+from swarm.sync.outer import fit_momentum
 from swarm.sync.records import (
     JOIN_KIND,
     MAX_SKIP,
@@ -302,6 +303,13 @@ def test_a_state_without_momentum_is_the_anchor_alone() -> None:
     # a catch-up download moves half the bytes, and its bound shrinks with them
     big = 50_000_000
     assert plain.state_bound_s(big) == pytest.approx(cfg.state_bound_s(big) / 2)
+
+
+def test_a_checkpoint_of_the_other_momentum_setting_keeps_its_anchor_and_fits_its_momentum() -> None:
+    m = torch.full((5,), 0.5)
+    assert fit_momentum(m, 5) is m
+    assert fit_momentum(m, 0).numel() == 0  # DiLoCo's checkpoint resumed with plain averaging: dropped
+    assert torch.equal(fit_momentum(torch.zeros(0), 5), torch.zeros(5))  # and the other way: zeros
 
 
 def test_state_hash_covers_anchor_and_momentum() -> None:
