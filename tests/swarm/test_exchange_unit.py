@@ -288,7 +288,7 @@ def test_silent_publisher_is_cut_at_the_first_byte_timeout() -> None:
     got, took = asyncio.run(_timed_fetch(_silent, 5000, QUICK))
     assert isinstance(got, FetchError) and got.kind is FetchFailure.TOO_SLOW, got
     assert "no response within 0.3 s" in got.reason
-    assert 0.25 < took < 0.3 + 0.2, took
+    assert 0.25 < took < 2.5, took  # half the 5 s fetch timeout that would bound it without the cut
 
 
 def test_dribbling_publisher_is_cut_below_the_minimum_rate() -> None:
@@ -297,7 +297,7 @@ def test_dribbling_publisher_is_cut_below_the_minimum_rate() -> None:
     assert isinstance(got, FetchError) and got.kind is FetchFailure.TOO_SLOW, got
     assert "below 65536 B/s" in got.reason
     # the whole fetch timeout would have let it run 5 s (38 s to finish); pace cuts it after the grace
-    assert 0.25 < took < 0.3 + 0.3 + 0.2, took
+    assert 0.25 < took < 2.5, took
 
 
 def test_a_publisher_that_keeps_pace_is_not_cut() -> None:
@@ -334,7 +334,7 @@ def test_fetch_many_does_not_wait_on_a_straggler() -> None:
     assert got[(B.peer_id, digest)] == payload
     silent = got[(C.peer_id, "f" * 64)]
     assert isinstance(silent, FetchError) and silent.kind is FetchFailure.TOO_SLOW
-    assert took < 0.3 + 0.2, took  # the collect budget (10 s) was never the bound
+    assert took < 2.5, took  # the straggler is cut at its first-byte timeout (0.3 s), not the 10 s budget
 
 
 # ---- a whole collect() on loopback streams, a fake clock and an in-memory DHT ----------------
@@ -458,7 +458,7 @@ def test_collect_cuts_slow_and_silent_once_and_never_refetches_a_bad_digest(loop
     assert [(p, r.reason) for p, r in first.rejected] == [(LIAR.peer_id, BatchRejection.DIGEST_MISMATCH)]
     reasons = dict(first.failed)
     assert set(reasons) == {SILENT.peer_id, SLOW.peer_id} and all(r.startswith("too slow") for r in reasons.values())
-    assert first.elapsed_s < 0.3 + 0.3 + 0.3, first.elapsed_s  # the fetch timeout is 5 s
+    assert first.elapsed_s < 2.5, first.elapsed_s  # cut after 0.3 s + 0.3 s grace; the fetch timeout is 5 s
     hits = dict(loopback.hits)
     again = [ex.collect(since=NOW - 60, limit=8) for _ in range(2)]
     for res in again:  # nothing tried before is fetched again: no stream, no wait
