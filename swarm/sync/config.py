@@ -7,6 +7,7 @@ see :mod:`swarm.sync.outer` for the derivation.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -30,6 +31,29 @@ class SyncOutcome(StrEnum):
     COMMITTED = "committed"
     NO_PARTNER = "no partner"
     ABORTED = "aborted"
+
+
+class SyncPhase(StrEnum):
+    """The parts of one sync, in order: the ``sync`` event's ``phases`` keys (seconds in each)."""
+
+    CATCH_UP = "catch_up"
+    """The catch-up and orphan checks (state records, pings, any download) before joining a window."""
+    MATCHMAKE = "matchmake"
+    """From joining a gather window until the group is decided: mostly waiting for partners to arrive."""
+    ALLREDUCE = "allreduce"
+    VOTE = "vote"
+    """The outer step, the vote and waiting for every member's vote."""
+
+
+def phase_seconds(marks: Mapping[SyncPhase, float], end: float) -> dict[str, float]:
+    """Seconds spent in each phase that began, from the times phases began and the round's end.
+
+    >>> phase_seconds({SyncPhase.CATCH_UP: 1.0, SyncPhase.MATCHMAKE: 1.5}, 4.0)
+    {'catch_up': 0.5, 'matchmake': 2.5}
+    """
+    order = [(t, p) for p, t in sorted(marks.items(), key=lambda kv: kv[1])]
+    ends = [t for t, _ in order[1:]] + [end]
+    return {p.value: round(max(0.0, e - t), 4) for (t, p), e in zip(order, ends, strict=True)}
 
 
 class AbortCause(StrEnum):
@@ -323,6 +347,8 @@ class SyncReport:
     """Why the round was aborted (None unless ``outcome`` is aborted)."""
     parent: str = ""
     """The state hash the round started from (after any catch-up): a commit's parent in the history."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds in each :class:`SyncPhase` this round reached: where a slow sync spent its time."""
 
     def to_metrics(self) -> dict[str, Any]:
         """The ``{"event": "sync", ...}`` metrics record."""
@@ -345,4 +371,5 @@ class SyncReport:
             "catch_up_refused": dict(self.catch_up_refused),
             "suspect_peers": dict(self.suspects),
             "parent": self.parent,
+            "phases": dict(self.phases),
         }

@@ -75,7 +75,15 @@ from swarm.membership import Membership
 from swarm.sync.allreduce import Hook, RoundPlan, Snapshot, SyncService
 from swarm.sync.assemble import Assembled, assemble, next_state
 from swarm.sync.catchup import CatchUpper
-from swarm.sync.config import AbortCause, OuterSyncConfig, SyncAborted, SyncOutcome, SyncReport
+from swarm.sync.config import (
+    AbortCause,
+    OuterSyncConfig,
+    SyncAborted,
+    SyncOutcome,
+    SyncPhase,
+    SyncReport,
+    phase_seconds,
+)
 from swarm.sync.decide import CatchUpRefusal, CommitDecision, GroupDecision, peers_named_in
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
@@ -166,6 +174,8 @@ class OuterSync:
             self.peer_id, self._records, self._fetch_state, cfg, bootstrap, self._log, clock, self._prober.check
         )
         self._group: tuple[int, tuple[str, ...]] = (-1, ())
+        self._marks: dict[SyncPhase, float] = {}
+        """When this round's phases began (:meth:`_mark`); the report's ``phases`` come from them."""
         self._vetoes = VetoTally()
         self._journal = VoteJournal(journal_path(membership.identity.path), self.fingerprint)
         for revision in self._journal.voted:  # votes of an earlier process of this peer id (see swarm.sync.journal)
@@ -277,6 +287,7 @@ class OuterSync:
         if self._closed:
             raise RuntimeError("OuterSync is closed")
         t0 = self._clock()
+        self._marks = {SyncPhase.CATCH_UP: t0}
         start = self._snap
         if self._leaving.is_set():
             return RoundOutcome(self._report(t0, AbortCause.SHUTTING_DOWN, 0, 0), job, None)
@@ -329,8 +340,14 @@ class OuterSync:
             now, self.peer_id, snap.revision, snap.state_hash, committed, size, outcome, now - t0, sent, caught_up, gid
         )
         report.cause = cause
+        report.phases = phase_seconds(self._marks, now)
         report.catch_up_refused = {why.value: n for why, n in self.catch_up_refusals.items()}
         return report
+
+    def _mark(self, phase: SyncPhase) -> float:
+        """Note that ``phase`` begins now (the previous one ends); returns the time."""
+        now = self._marks[phase] = self._clock()
+        return now
 
     # ---- catch-up -----------------------------------------------------------------------------
 
@@ -371,6 +388,7 @@ class OuterSync:
         # weight: the inner steps since the anchor, 0 if nothing was trained (SyncJob.weight). A peer
         # that just caught up contributes the progress it keeps (apply() re-applies it on the new anchor).
         self._records.skip = self._catchup.skip(snap)
+        self._mark(SyncPhase.MATCHMAKE)
         decision = self._records.matchmake(snap.revision, snap.state_hash, self._prober, self._leaving.is_set)
         if decision.status != "ready":
             self._log(logging.INFO, "%s (window %.2f)", decision.status, decision.window_start)
@@ -382,7 +400,7 @@ class OuterSync:
         if self._hook is not None:
             self._hook("matchmade", snap.revision)
         deadline = plan.deadline + self.cfg.commit_timeout_s
-        t_ar = self._clock()
+        t_ar = self._mark(SyncPhase.ALLREDUCE)
         try:
             got = self._allreduce(plan, snap, pseudo, weight)
         except SyncAborted as e:
@@ -393,6 +411,7 @@ class OuterSync:
         if self._hook is not None:
             self._hook("allreduced", snap.revision)
         # checked BEFORE voting, so a bad average makes this member vote abort and nobody applies it
+        self._mark(SyncPhase.VOTE)
         new, step_problem = self._outer_step(snap, got, plan.skip)
         got = replace(got, average=_SPENT)  # the outer step used it up: its memory goes back before the vote
         refusal = got.refusal or step_problem

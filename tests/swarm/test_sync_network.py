@@ -43,6 +43,9 @@ def test_three_peers_sync_three_times(fault_swarm: FaultSwarm) -> None:
         assert [s["committed"] for s in syncs] == [True, True, True], syncs
         assert [s["revision"] for s in syncs] == [1, 2, 3]
         assert all(s["group_size"] == 3 and s["bytes_sent"] > 0 for s in syncs)
+        for s in syncs:  # a committed round went through every phase, and they add up to the whole
+            assert list(s["phases"]) == ["catch_up", "matchmake", "allreduce", "vote"], s
+            assert abs(sum(s["phases"].values()) - s["sync_s"]) < 0.01 and s["phases"]["allreduce"] > 0, s
     _assert_one_hash_per_revision(peers)
     assert len({(f["revision"], f["state_hash"]) for f in finals}) == 1
     _assert_within_bound(peers)

@@ -379,6 +379,7 @@ def test_config_bound_and_report_metrics() -> None:
     assert line["event"] == "sync"
     keys = {"time", "peer", "revision", "state_hash", "committed", "group_size", "reason", "cause", "sync_s"}
     assert keys <= set(line) and (line["reason"], line["cause"]) == ("committed", "")
+    assert line["phases"] == {}  # filled by OuterSync from the times its phases began
     aborted = SyncReport(1.0, "p", 3, H0, False, 2, SyncOutcome.ABORTED, 0.5, 0, cause=AbortCause.COMMIT_TIMEOUT)
     assert (aborted.to_metrics()["reason"], aborted.to_metrics()["cause"]) == ("aborted", "commit timeout")
 
