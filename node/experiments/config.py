@@ -119,6 +119,13 @@ class ExperimentConfig:
         "swarms start beside a finishing one).", group=SWEEP, above=0,
     )  # fmt: skip
     min_generate_s: float = node_option("min_generate_s")
+    # a real LM's sweep (e.g. --models smollm2-135m --adapter lora --gradient-checkpointing --micro-batch 2)
+    adapter: str = node_option("adapter")
+    lora_rank: int = node_option("lora_rank")
+    gradient_checkpointing: bool = node_option("gradient_checkpointing")
+    micro_batch_size: int = node_option("micro_batch_size")
+    device: str = node_option("device")
+    eval_timeout_s: float = node_option("eval_timeout_s")
     out: str = option("runs/experiment", "Results folder (reused to resume).", group=SWEEP)
     progress: bool = option(True, "Show a progress display.", group=SWEEP)
 

@@ -299,3 +299,14 @@ def test_run_load_and_its_line(tmp_path: Path) -> None:
     (tmp_path / runs[2].name / "load.json").write_text("{not json")  # a torn file is skipped, not fatal
     line = load_line(tmp_path, runs)
     assert "each of 2 runs: run means 3.0-6.0 (median 6.0), highest 8.0" in line
+
+
+def test_a_real_lm_sweep_passes_its_adapter_and_memory_settings_to_every_node(tmp_path: Path) -> None:
+    flags = ["--models", "smollm2-135m", "--adapter", "lora", "--lora-rank", "8", "--gradient-checkpointing",
+             "--micro-batch", "2", "--device", "cpu", "--eval-timeout", "600"]  # fmt: skip
+    cfg = config_from_args(build_parser().parse_args(["experiment", *flags, "--splits", "4/0,2/2"]))
+    args = build_parser().parse_args(local_command(cfg, Run("advantage", 2, 2, 0), tmp_path)[3:])
+    assert (args.adapter, args.lora_rank, args.gradient_checkpointing) == ("lora", 8, True)
+    assert (args.micro_batch_size, args.device, args.eval_timeout_s) == (2, "cpu", 600.0)
+    default = build_parser().parse_args(local_command(ExperimentConfig(), Run("advantage", 4, 4, 0), tmp_path)[3:])
+    assert (default.adapter, default.gradient_checkpointing, default.micro_batch_size) == ("none", False, 0)
