@@ -13,6 +13,7 @@ a checkpoint on disk is untouched), so a signal then exits at once.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -34,9 +35,12 @@ def exit_now(code: int) -> None:
     enumerate would be missed, so we look again until a pass finds none (and
     forked children die with us anyway: :func:`_die_with_parent`).
     """
+    # the main thread runs on while we kill its helpers: if it fails and the interpreter ends (status 1,
+    # seen in a chaos run) before this thread reaches os._exit, the exit still carries ``code``
+    atexit.register(os._exit, code)
     try:
-        # the main thread runs on while we kill its helpers and may fail noisily (a traceback when the DHT
-        # process goes): what it writes now is teardown noise after our one line, so it is dropped
+        # the main thread's failure (a traceback when the DHT process goes) is teardown noise after our
+        # one line, so what it writes now is dropped
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)

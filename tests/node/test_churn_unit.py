@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -96,6 +99,29 @@ def test_a_lock_a_forked_child_still_holds_is_taken_once_the_child_exits(tmp_pat
         IdentityLock(identity).acquire(wait_s=10.0).release()
     finally:
         os.waitpid(pid, 0)
+
+
+STARTING_NODE = """
+import subprocess, sys, threading, time
+from node.cli.signals import install_stop_handlers
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+install_stop_handlers(threading.Event(), starting=True)
+print("ready", flush=True)
+while helper.poll() is None:  # as a node's start-up fails once its DHT process is gone
+    time.sleep(0.0005)
+raise SystemExit(1)
+"""
+
+
+@pytest.mark.process
+def test_a_signal_during_start_up_exits_with_its_status_even_if_the_main_thread_fails_first() -> None:
+    """The exit kills the helpers first; a main thread that then fails and ends the interpreter
+    (status 1, seen in a chaos run) must not replace the signal's status."""
+    for _ in range(5):
+        proc = subprocess.Popen([sys.executable, "-c", STARTING_NODE], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 128 + signal.SIGTERM
 
 
 def test_sync_partner_warning() -> None:
