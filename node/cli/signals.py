@@ -35,8 +35,8 @@ def exit_now(code: int) -> None:
     enumerate would be missed, so we look again until a pass finds none (and
     forked children die with us anyway: :func:`_die_with_parent`).
     """
-    # the main thread runs on while we kill its helpers: if it fails and the interpreter ends (status 1,
-    # seen in a chaos run) before this thread reaches os._exit, the exit still carries ``code``
+    # the main thread runs on while we kill its helpers: if it fails and the interpreter ends (status 1)
+    # before this thread reaches os._exit, the exit still carries ``code``
     atexit.register(os._exit, code)
     try:
         # the main thread's failure (a traceback when the DHT process goes) is teardown noise after our
