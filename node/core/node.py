@@ -38,7 +38,7 @@ from node.tasks.registry import BUILTIN_TASKS, TaskItem, TaskMix, build_task
 from node.tasks.verify import TrainGroup, local_group
 from node.training.adapters import SHARED_BASE_SEED, attach_adapter
 from node.training.device import params_digest, resolve_device
-from node.training.evaluate import EvalResult, eval_sets, evaluate
+from node.training.evaluate import EvalResult, eval_sets, evaluate, short_sets
 from node.training.grpo import GRPOTrainer
 from node.training.models import check_model_name, load_model
 from node.training.policy import Policy
@@ -147,6 +147,8 @@ class Node:
         self.eval_sets = (
             eval_sets(self.families, self.parts.evaluation.eval_items) if self.parts.evaluation.eval_every else {}
         )
+        if short := short_sets(self.eval_sets, self.parts.evaluation.eval_items):
+            logger.warning("%s", short)
         self.acceptance = self._acceptance()
         self._digest_start = params_digest(model)
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")

@@ -94,6 +94,23 @@ def eval_sets(families: Mapping[str, TaskFamily], items: int) -> dict[str, list[
     return {name: eval_items(fam, items) for name, fam in families.items()}
 
 
+def short_sets(sets: Mapping[str, list[TaskItem]], asked: int) -> str:
+    """One sentence naming the families whose evaluation set is smaller than ``asked``, or "" if none is.
+
+    A family with few distinct prompts (two 1-digit terms) holds only a few held out, so its accuracy
+    moves in steps of 1/n whatever ``--eval-items`` says; a comparison needs to know the step.
+    """
+    short = {name: len(items) for name, items in sets.items() if len(items) < asked}
+    if not short:
+        return ""
+    listed = ", ".join(f"{name} {n}" for name, n in sorted(short.items()))
+    total = sum(len(items) for items in sets.values())
+    return (
+        f"held-out evaluation: {listed} held-out questions, not the {asked} asked for (the family has no more "
+        f"distinct held-out prompts); accuracy is over {total} questions, steps of {1 / max(total, 1):.3f}"
+    )
+
+
 def evaluate(
     policy: Answerer,
     families: Mapping[str, TaskFamily],

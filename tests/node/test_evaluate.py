@@ -120,3 +120,15 @@ def test_time_spent_on_samples_leaves_a_complete_accuracy_and_no_partial_sample_
     )  # fmt: skip
     assert result.complete and result.items == sum(len(v) for v in sets.values())
     assert result.sample_reward is None
+
+
+def test_a_family_with_fewer_held_out_prompts_than_asked_is_named_with_the_accuracy_step() -> None:
+    from node.training.evaluate import short_sets
+
+    families = {"max": build_task("max"), "rg:products": build_task("rg:products")}
+    sets = eval_sets(families, 64)
+    assert len(sets["max"]) == 64 and 0 < len(sets["rg:products"]) < 64
+    line = short_sets(sets, 64)
+    assert f"rg:products {len(sets['rg:products'])} held-out questions" in line and "max " not in line
+    assert f"steps of {1 / (64 + len(sets['rg:products'])):.3f}" in line
+    assert short_sets(eval_sets({"max": build_task("max")}, 64), 64) == ""
