@@ -50,6 +50,8 @@ class NodeResult:
     """(round, mean reward of sampled completions on the held-out questions)."""
     cpu_s: float = 0.0
     """CPU seconds the node process used (user + system), 0 where its summary is missing."""
+    eval_items: int = 0
+    """Questions in the node's largest held-out evaluation (0: none): accuracy moves in steps of 1/eval_items."""
 
     @property
     def cumulative(self) -> float:
@@ -482,6 +484,7 @@ def load_run(run_dir: Path, sampling: str, split: str, seed: int, wall_s: float 
                 heldout=_eval_series(events, "accuracy"),
                 heldout_reward=_eval_series(events, "sample_reward"),
                 cpu_s=float(next((e.get("cpu_s") or 0.0 for e in events if e.get("event") == "summary"), 0.0)),
+                eval_items=max((int(e.get("items", 0)) for e in events if e.get("event") == "eval"), default=0),
             )
         )
     return RunResult(sampling, split, seed, tuple(nodes), wall_s)
@@ -503,7 +506,7 @@ def _pairs(raw: Sequence[Sequence[Any]]) -> tuple[tuple[int, float], ...]:
 def run_from_json(data: Mapping[str, Any]) -> RunResult:
     """Inverse of :meth:`RunResult.to_json` (derived fields are ignored)."""
     keys: tuple[str, ...] = ("peer", "model", "external_groups", "trained_groups", "fetch_failed", "rejected")
-    keys += ("round_s", "diagnostics", "diagnostic_curves", "cpu_s")
+    keys += ("round_s", "diagnostics", "diagnostic_curves", "cpu_s", "eval_items")
     nodes = tuple(
         NodeResult(
             curve=tuple(n["curve"]),

@@ -323,7 +323,9 @@ def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path, lo
     table = markdown_table(shown, reference_splits=cfg.reference_splits)
     text = f"# Experiment results\n\n{title}\n\n{load}"
     if learned:
-        text += f"Held-out accuracy, paired by seed against {baseline[0]} {baseline[1]}:\n\n"
+        questions = max((n.eval_items for r in results for n in r.nodes), default=0)
+        text += f"Held-out accuracy ({questions} questions per evaluation), paired by seed against "
+        text += f"{baseline[0]} {baseline[1]}:\n\n"
         text += heldout_table(learned, baseline, cfg.primary) + "\n\nTraining reward (each node's own stream):\n\n"
     text += f"{table}\n\nCumulative reward per model:\n\n"
     text += per_model_table(shown) + "\n"

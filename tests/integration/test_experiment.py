@@ -45,7 +45,7 @@ def test_experiment_writes_results_table_and_plots_then_resumes(procs: Procs, tm
     assert len(data["heldout"][1]["ratios"]) == 1
     table = (out / "results.md").read_text()
     assert "| advantage | 4/0 | 1 |" in table and "| advantage | 2/2 | 1 |" in table  # a node's default sampling
-    assert "Held-out accuracy, paired by seed against advantage 4/0" in table
+    assert "questions per evaluation), paired by seed against advantage 4/0" in table
     assert "sampled twice a second during each of 2 runs" in table  # the protocol records the machine's load
     for load in (out / "runs").glob("*/*/seed0/load.json"):
         assert json.loads(load.read_text())["mean"] > 0

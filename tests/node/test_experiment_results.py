@@ -117,6 +117,7 @@ def test_load_run_reads_metrics_files(tmp_path: Path) -> None:
         w.write("start", peer=peer, model="tiny-m")
         for i, rew in enumerate(rewards, 1):
             w.write("round", round=i, reward_mean=rew, external_groups=2, fetch_failed=1, round_s=0.5)
+        w.write("eval", round=2, accuracy=0.5, items=27, complete=True)
         w.close()
     with open(tmp_path / "aaaaaa" / "metrics.jsonl", "a") as f:
         f.write('{"event": "round", "torn')  # a torn last line is skipped
@@ -124,6 +125,7 @@ def test_load_run_reads_metrics_files(tmp_path: Path) -> None:
     assert [n.curve for n in r.nodes] == [(0.0, 0.5), (1.0, 1.0)]
     assert r.nodes[0].model == "tiny-m" and r.nodes[0].external_groups == 4 and r.nodes[1].fetch_failed == 2
     assert r.cumulative == pytest.approx(1.25)
+    assert [n.eval_items for n in r.nodes] == [27, 27] and run_from_json(r.to_json()) == r
 
 
 def test_config_validation() -> None:
