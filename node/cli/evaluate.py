@@ -75,7 +75,7 @@ def run_eval(args: argparse.Namespace) -> int:
     _check_ranges(args)
     checkpoint = _checkpoint_path(args.checkpoint)
     families = _families(args)
-    from node.training.evaluate import EvalConfig, eval_sets, evaluate  # heavy: torch and transformers
+    from node.training.evaluate import EvalConfig, eval_sets, evaluate, short_sets  # heavy: torch and transformers
     from node.training.models import recommended_defaults
     from node.training.policy import GenerationConfig
 
@@ -85,6 +85,8 @@ def run_eval(args: argparse.Namespace) -> int:
     cfg = EvalConfig(eval_every=0, eval_items=args.items, eval_samples=args.samples, eval_timeout_s=args.timeout)
     sets = eval_sets(families, cfg.eval_items)
     logger.info("scoring %d held-out questions of %s", sum(map(len, sets.values())), ",".join(sets))
+    if short := short_sets(sets, cfg.eval_items):
+        logger.warning("%s", short)
     result = evaluate(loaded.policy, families, sets, generation, cfg)
     scored = _scored_per_family({k: len(v) for k, v in sets.items()}, result.items)
     per_family = {name: result.per_family.get(families[name].name, 0.0) for name in sets}
