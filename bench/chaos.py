@@ -119,6 +119,8 @@ class ChaosReport:
     """Parent states extended by two or more commits (forks, and dead branches skipped past)."""
     split: dict[str, list[str]] = field(default_factory=dict)
     """Groups applied by some members and aborted by others (see :func:`split_groups`)."""
+    merges: list[str] = field(default_factory=list)
+    """Syncs that began by merging into another history ("<peer> t=<s>", swarm.sync.merge)."""
     longest_round_gap_s: float = 0.0
     longest_commit_gap_s: float = 0.0
     unexpected_exits: list[dict[str, Any]] = field(default_factory=list)
@@ -251,6 +253,9 @@ def judge(
     # survivors committed past it under a later revision number); counted, the revisions judge above
     report.branches = {p[:8]: sorted(h)[:4] for p, h in child_hashes(syncs).items() if len(h) > 1}
     report.split = {gid[:8]: members for gid, members in split_groups(syncs).items()}
+    report.merges = [
+        f"{str(e.get('peer', ''))[-6:]} t={float(e['time']) - start:.0f}s" for e in syncs if e.get("merged")
+    ]
 
 
 def choose_action(rng: random.Random, running: int, alive: int, dead: int, limit: int) -> Action | None:

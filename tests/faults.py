@@ -85,16 +85,28 @@ class FaultSwarm:
         self.peers: dict[str, Peer] = {}
         self._bootstrap = ""
 
-    def start(self, name: str, *args: str) -> Peer:
+    def start(self, name: str, *args: str, via: Sequence[str] | None = None) -> Peer:
         """Start peer ``name`` (extra worker ``args``, e.g. ``"--fault", "reduced:1:stop"``).
 
         The first peer listens on a port picked here with an identity made
         here, so later peers can be started at once (they retry the bootstrap).
+        ``via``: the multiaddrs to join through instead of the first peer's
+        (:meth:`founder` gives a second swarm's).
         """
         if not self.peers:
-            identity = load_or_create(self.root / f"{name}.key")
-            self._bootstrap = f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{identity.peer_id}"
-        return self._launch(name, name, self.root / f"{name}.jsonl", args)
+            self._bootstrap = self.address(name)
+        return self._launch(name, name, self.root / f"{name}.jsonl", args, via)
+
+    def address(self, name: str) -> str:
+        """A multiaddr on a free port for peer ``name``'s identity (made here if new)."""
+        identity = load_or_create(self.root / f"{name}.key")
+        return f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{identity.peer_id}"
+
+    def founder(self, name: str, *args: str) -> tuple[Peer, str]:
+        """Start peer ``name`` as the first of a swarm of its own (no ``--peer``): it and its multiaddr."""
+        maddr = self.address(name)
+        port = maddr.split("/")[4]
+        return self._launch(name, name, self.root / f"{name}.jsonl", ("--port", port, *args), ()), maddr
 
     def restart(self, name: str, *args: str) -> Peer:
         """A new process of peer ``name``: its identity (and, for the first peer, its port), a new report.
@@ -105,12 +117,19 @@ class FaultSwarm:
         runs = sum(1 for _ in self.root.glob(f"{name}.*jsonl")) + 1
         return self._launch(name, f"{name}.{runs}", self.root / f"{name}.{runs}.jsonl", args)
 
-    def _launch(self, name: str, label: str, report: Path, args: Sequence[str]) -> Peer:
-        """Run the worker as peer ``name`` (its identity), reported as ``label``; the bootstrap peer on its port."""
+    def _launch(
+        self, name: str, label: str, report: Path, args: Sequence[str], via: Sequence[str] | None = None
+    ) -> Peer:
+        """Run the worker as peer ``name`` (its identity), reported as ``label``; the bootstrap peer on its port.
+
+        ``via``: the peers to join through (none: a founder, whose ``args`` name its port).
+        """
         identity = self.root / f"{name}.key"
         cmd = [PYTHON, str(WORKER), "--identity", str(identity), "--report", str(report)]
         cmd += ["--go-file", str(self.go_file), "--stop-file", str(self.stop_file)]
-        if self._bootstrap.endswith("/p2p/" + load_or_create(identity).peer_id):
+        if via is not None:
+            cmd += [arg for maddr in via for arg in ("--initial-peer", maddr)]
+        elif self._bootstrap.endswith("/p2p/" + load_or_create(identity).peer_id):
             cmd += ["--port", self._bootstrap.split("/")[4]]
         else:
             cmd += ["--initial-peer", self._bootstrap]

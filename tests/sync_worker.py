@@ -69,6 +69,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "--poison", default="", choices=["", "huge", "noise", "liar", "veto", "flip"], help="be a hostile member"
     )
     p.add_argument("--drift", type=float, default=0.0, help="add this x a direction shared by all peers to each step")
+    p.add_argument("--step-scale", type=float, default=0.01, help="standard deviation of each inner step's noise")
     p.add_argument("--dump", action="store_true", help="add own pseudo-gradient and applied average to reports")
     p.add_argument("--eager", action="store_true", help="sync beside training through SyncRunner")
     p.add_argument("--period", type=float, default=0.0, help="sync_period_s: sync on wall-time epochs")
@@ -262,7 +263,7 @@ class _Loop:
                 u = torch.randn(p.shape, generator=gen)
                 if args.drift:
                     u.add_(torch.randn(p.shape, generator=shared), alpha=args.drift)
-                u.mul_(0.01)
+                u.mul_(args.step_scale)
                 p.add_(u)
                 if self.own_total is not None:
                     self.own_total[offset : offset + u.numel()] += u.reshape(-1)
@@ -279,15 +280,21 @@ class _Loop:
 
     def _boundary(self, step: int) -> None:
         """One step boundary: call the sync, time the call, record which sync started and which was applied."""
+        from swarm.sync.tensors import flatten
+
         runner = self.runner
         before = self._job_view(step) if runner is None and self.args.dump else {}
         busy = runner is not None and runner.busy
+        weights = flatten(self.model) if runner is None else None
         t0 = time.time()
         report = self.sync.maybe_sync(step) if runner is None else runner.maybe_sync(step)
         self.waited_s += time.time() - t0
         if runner is None:
             self.started = {"step": step, "time": t0, **before}
         if report is not None:
+            if report.merged and not report.committed and weights is not None:
+                # a merge keeps the weights: they are this peer's part in the new history's next average
+                self.started["weights_kept"] = bool(weights.equal(flatten(self.model)))
             self._write(report, step)
         # a sync started in this call: none ran before it, or the one that ran was just applied
         if runner is not None and runner.busy and (report is not None or not busy):
@@ -311,6 +318,8 @@ class _Loop:
             extra = {"pseudo": started["pseudo"].tolist(), "applied": applied.tolist(), "weight": started["weight"]}
             extra["anchor_finite"] = bool(state["anchor"].isfinite().all())
             extra["partners"] = sorted(self.sync.trusted())
+        if "weights_kept" in started:
+            extra["weights_kept"] = started["weights_kept"]
         self.out.write(
             **report.to_metrics(),
             step=step,

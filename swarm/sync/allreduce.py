@@ -44,6 +44,7 @@ from swarm.sync import direct
 from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.direct import host_of
 from swarm.sync.errors import BadBytes, GroupMismatch, PeerLost
+from swarm.sync.records import valid_origin
 from swarm.sync.robust import Suspicion, as_array, clamp_weights, reduce_slice
 from swarm.sync.tensors import Buffer, decode_into, encode_view, encoded_size, from_bytes, slice_bounds, to_bytes
 from swarm.sync.tensors import state_hash as compute_state_hash
@@ -103,6 +104,9 @@ class Snapshot:
     state_hash: str
     anchor: torch.Tensor
     momentum: torch.Tensor
+    origin: str = ""
+    """The history this state belongs to (hashed into ``state_hash``; "" before any commit): see
+    :mod:`swarm.sync.merge`."""
 
 
 @dataclass(frozen=True)
@@ -417,6 +421,7 @@ class SyncService:
             None, lambda: to_bytes(snap.anchor) + to_bytes(snap.momentum)
         )
         header = {"ok": True, "revision": snap.revision, "state_hash": snap.state_hash, "n": snap.anchor.numel()}
+        header["origin"] = snap.origin
         await write_frame(writer, header, payload, self._chunk_timeout)
 
     # ---- calling side -------------------------------------------------------------------------
@@ -628,13 +633,16 @@ class SyncService:
 
         def verify() -> Snapshot:
             anchor, momentum = from_bytes(payload[: 4 * n], n), from_bytes(payload[4 * n :], m)
-            digest = compute_state_hash(anchor, momentum)
+            origin = header.get("origin", "")
+            if not valid_origin(origin):
+                raise BadBytes("downloaded state names a malformed origin")
+            digest = compute_state_hash(anchor, momentum, origin)
             revision = header.get("revision")
             if digest != header.get("state_hash") or not isinstance(revision, int) or isinstance(revision, bool):
                 raise BadBytes("downloaded state does not match its hash")
             # a NaN or inf anchor would poison every later step (hash-valid bytes can still be garbage)
             if not (bool(torch.isfinite(anchor).all()) and bool(torch.isfinite(momentum).all())):
                 raise BadBytes("downloaded state is not finite")
-            return Snapshot(revision, digest, anchor, momentum)
+            return Snapshot(revision, digest, anchor, momentum, origin)
 
         return await asyncio.get_running_loop().run_in_executor(None, verify)

@@ -15,6 +15,7 @@ import torch
 
 from swarm.sync.allreduce import AllReduceResult, RoundPlan, Snapshot
 from swarm.sync.config import OuterSyncConfig
+from swarm.sync.merge import next_origin
 from swarm.sync.robust import Suspicion, check_slice, check_step, max_step, norm
 from swarm.sync.tensors import outer_step, state_hash
 
@@ -65,7 +66,8 @@ def next_state(
 ) -> tuple[Snapshot, Suspicion | None, float | None]:
     """The state after applying ``got.average`` (not installed), why not to apply it if so, and the step bound.
 
-    The new revision is ``snap.revision + 1 + skip`` (see :class:`swarm.sync.decide.GroupDecision`).
+    The new revision is ``snap.revision + 1 + skip`` (see :class:`swarm.sync.decide.GroupDecision`); its
+    origin is the parent's, or the new state's own for a history's first commit (:mod:`swarm.sync.merge`).
     """
     mu = cfg.outer_momentum
     # the average is used up here (its memory holds the update): one vector fewer at the round's peak
@@ -75,4 +77,6 @@ def next_state(
         own, m = norm(got.pseudo), norm(snap.momentum)
         bound = max_step(own, m, cfg.outer_lr, mu, cfg.nesterov, cfg.clip_factor)
     problem = check_step(snap.anchor, anchor, momentum, bound, cfg.max_update * norm(snap.anchor))
-    return Snapshot(snap.revision + 1 + skip, state_hash(anchor, momentum), anchor, momentum), problem, bound
+    origin = next_origin(snap.origin, state_hash(anchor, momentum) if not snap.origin else "")
+    new = Snapshot(snap.revision + 1 + skip, state_hash(anchor, momentum, origin), anchor, momentum, origin)
+    return new, problem, bound

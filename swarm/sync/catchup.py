@@ -42,7 +42,8 @@ from swarm.sync.decide import (
 )
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
-from swarm.sync.records import MAX_SKIP
+from swarm.sync.merge import MERGE_CHECK_S, MERGE_COOLDOWN_S, decide_merge, to_ping
+from swarm.sync.records import MAX_SKIP, StateRecord
 from swarm.sync.robust import distance, norm
 
 MAX_PARTNERS = 1024
@@ -109,6 +110,15 @@ class CatchUpper:
         self._undecided: deque[int] = deque(maxlen=MAX_UNDECIDED)
         self.alone_warned = False
         """Whether this peer, trusting no one, has said that live strangers report later states (see orphaned)."""
+        self.merged = False
+        """Whether the state the last :meth:`catch_up` returned is a merge into another history (keep weights)."""
+        self.merges = 0
+        self._merge_checked = -math.inf
+        self._merged_at = -math.inf
+        self._merge_winner = ""
+        """The history the last merge check found winning ("" if this peer's own)."""
+        self._shunned: dict[str, float] = {}
+        """Histories whose state was refused as implausible, and when: left out of merges for the cooldown."""
 
     def note_step(self, shift_norm: float) -> None:
         """This peer committed an outer step that moved its anchor by ``shift_norm``."""
@@ -194,8 +204,12 @@ class CatchUpper:
         return snap.revision == 0 and not self._partners
 
     def decide(self, snap: Snapshot, ping: bool = True) -> CatchUpDecision:
-        """Read the state records and decide (pinging trusted peers at this state if they outvote a claim ahead)."""
-        states = self._records.read_states()
+        """Read the state records and decide (pinging trusted peers at this state if they outvote a claim ahead).
+
+        Only states of this peer's own history count (any, for a peer with none yet): across histories
+        only a merge moves a peer (:mod:`swarm.sync.merge`).
+        """
+        states = same_history(self._records.read_states(), snap.origin)
         leaders = self.bootstrap if self.newcomer(snap) else frozenset()
         trusted, ignored = self.trusted(), self.ignored()
         own = self.own_claim if self.own_claim is not None and self.own_claim[0] > snap.revision else None
@@ -216,14 +230,27 @@ class CatchUpper:
         wait for the next round rather than sync at its own state (which would
         fork the history if the target is real).
         """
-        self._records.refresh_state(snap.revision, snap.state_hash)
+        self.merged = False
+        self._records.refresh_state(snap.revision, snap.state_hash, snap.origin)
         decision = self.decide(snap)
         for peer, reason in decision.refused.items():
             self._refused(peer, reason)
         target = decision.target
         if target is None:
-            return None
-        self._log(logging.INFO, "behind or diverged: catching up to rev=%d %s", target.revision, target.state_hash[:8])
+            target = self._merge_target(snap)
+            if target is None:
+                return None
+            self.merged = True
+            self._log(
+                logging.WARNING,
+                "another history has more live peers: merging into rev=%d %s (keeping this peer's weights)",
+                target.revision,
+                target.state_hash[:8],
+            )
+        else:
+            self._log(
+                logging.INFO, "behind or diverged: catching up to rev=%d %s", target.revision, target.state_hash[:8]
+            )
         end = self._clock() + self._cfg.state_bound_s(snap.anchor.numel())
         for donor in target.donors:
             left = end - self._clock()
@@ -237,7 +264,9 @@ class CatchUpper:
                 self._log(logging.WARNING, "state download from %s failed: %s", donor[-6:], e)
                 continue
             refusal = self._judge(snap, got, target)
-            if refusal is CatchUpRefusal.OFF_TARGET and self._moved_on(donor, got, target):
+            if refusal is None and self.merged and got.origin == snap.origin:
+                refusal = CatchUpRefusal.OFF_TARGET  # a merge moves to another history, never within its own
+            if refusal is CatchUpRefusal.OFF_TARGET and not self.merged and self._moved_on(donor, got, target):
                 # a trusted donor committed again since its record: its state now is as good as its word
                 target = CatchUp(got.revision, got.state_hash, (donor,), target.contested)
                 refusal = self._judge(snap, got, target)
@@ -247,16 +276,49 @@ class CatchUpper:
             if refusal is not None:  # the target's bytes themselves are implausible: every donor serves them
                 self._refused(donor, refusal)
                 self._fail(target, refused=True)
+                if self.merged:  # a made-up history is not downloaded again every check
+                    self._shunned[got.origin] = self._clock()
                 raise StateDownloadFailed(f"target state refused: {refusal.value}", retry=False)
             self._log(logging.INFO, "caught up from %s: %s", donor[-6:], got.state_hash[:8])
+            if self.merged:
+                self._merged_at, self._merge_winner = self._clock(), ""
+                self.merges += 1
             return got
         if self._led(snap, target):
             # its own weights are only an initialisation: syncing on them would start a second history
             # beside the swarm it was pointed at (its bootstrap peer frozen or busy): wait for a donor
             raise StateDownloadFailed("no donor served the bootstrap peers' state yet", retry=True)
         self._fail(target, refused=False)
+        if self.merged:  # this peer's own history is whole: it syncs on in it and checks again later
+            raise StateDownloadFailed("no donor served the history to merge into", retry=False)
         retry = (target.revision, target.state_hash) not in self.ignored()
         raise StateDownloadFailed("no donor served the target state", retry=retry)
+
+    def _merge_target(self, snap: Snapshot) -> CatchUp | None:
+        """The state of a history with more live peers than this peer's own, if any (see swarm.sync.merge).
+
+        Checked at most every :data:`MERGE_CHECK_S` and only while records name another history, so a
+        swarm with one history pings nobody for it; never within :data:`MERGE_COOLDOWN_S` of a merge.
+        A history is merged into once two checks in a row find it winning.
+        """
+        now = self._clock()
+        if not snap.origin or self._alive is None or now - self._merged_at < MERGE_COOLDOWN_S:
+            return None
+        states = self._records.states
+        if not any(r.origin not in ("", snap.origin) for r in states.values()):
+            return None
+        if now - self._merge_checked < MERGE_CHECK_S:
+            return None
+        self._merge_checked = now
+        self._shunned = {o: t for o, t in self._shunned.items() if now - t < MERGE_COOLDOWN_S}
+        states = {p: r for p, r in states.items() if r.origin not in self._shunned}
+        alive = self._alive(to_ping(states, self._me, snap.origin), self._cfg.ping_timeout_s)
+        target = decide_merge(states, self._me, snap.origin, alive, self.ignored())
+        winner = "" if target is None else states[target.donors[0]].origin
+        # two checks in a row must name the winner: peers of both histories that read the records a moment
+        # apart (a bridge peer's record changing history) could otherwise each merge into the other's
+        confirmed, self._merge_winner = winner == self._merge_winner, winner
+        return target if confirmed else None
 
     def _led(self, snap: Snapshot, target: CatchUp) -> bool:
         """Whether ``target`` is a state this newcomer's bootstrap peers report: it is never passed over.
@@ -284,7 +346,7 @@ class CatchUpper:
         trusted = self.trusted()
         if self._alive is None:
             return False
-        states = self._records.states
+        states = same_history(self._records.states, snap.origin)  # another history's peers may merge with it
         ahead = sorted((p for p, r in states.items() if p not in trusted and r.revision > snap.revision))[:16]
         if not ahead:
             return False
@@ -363,10 +425,18 @@ class CatchUpper:
         shift = distance(got.anchor, own) if finite else math.inf
         momentum = norm(got.momentum) if finite else math.inf
         # k revisions of honest training move the anchor about k times as far as one: a node restarted
-        # from an old checkpoint must still be able to rejoin its group's history
-        ahead = max(1, target.revision - snap.revision)
+        # from an old checkpoint must still be able to rejoin its group's history. Another history's
+        # numbers say nothing of its distance (they interleave with this one's): a merge gets one step.
+        ahead = 1 if self.merged else max(1, target.revision - snap.revision)
         max_shift = self._cfg.max_state_shift * ahead
         refusal = check_downloaded_state(norm(own), shift, momentum, finite, max_shift, self._cfg.outer_momentum)
         if refusal is None and target.contested:
             return check_contested_step(shift, list(self._steps), self._cfg.clip_factor, ahead)
         return refusal
+
+
+def same_history(states: dict[str, StateRecord], origin: str) -> dict[str, StateRecord]:
+    """The records of history ``origin`` and of peers with none yet; all of them for a peer with none."""
+    if not origin:
+        return states
+    return {p: r for p, r in states.items() if r.origin in (origin, "")}

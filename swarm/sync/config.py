@@ -319,8 +319,9 @@ class OuterSyncConfig:
         :mod:`swarm.sync.outer` (:meth:`OuterSync.max_sync_seconds` passes its own model's size)."""
         d = self.dht_timeout_s
         round_s = self.matchmaking_timeout_s + self.allreduce_bound_s(n_elems) + max(self.commit_timeout_s, d)
-        # two ping rounds: the catch-up check's (trusted peers at this state) and the orphan check's
-        return round_s + self.state_bound_s(n_elems) + 2 * self.ping_timeout_s + 6 * d + 1.0
+        # three ping rounds: the catch-up check's (trusted peers at this state), the merge check's (peers of
+        # this and other histories) and the orphan check's
+        return round_s + self.state_bound_s(n_elems) + 3 * self.ping_timeout_s + 6 * d + 1.0
 
 
 @dataclass
@@ -349,6 +350,10 @@ class SyncReport:
     """The state hash the round started from (after any catch-up): a commit's parent in the history."""
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds in each :class:`SyncPhase` this round reached: where a slow sync spent its time."""
+    origin: str = ""
+    """The history of the state this round ended at (:mod:`swarm.sync.merge`)."""
+    merged: bool = False
+    """Whether this round began by merging into another history (its catch-up kept the weights)."""
 
     def to_metrics(self) -> dict[str, Any]:
         """The ``{"event": "sync", ...}`` metrics record."""
@@ -372,4 +377,6 @@ class SyncReport:
             "suspect_peers": dict(self.suspects),
             "parent": self.parent,
             "phases": dict(self.phases),
+            "origin": self.origin,
+            "merged": self.merged,
         }

@@ -162,22 +162,22 @@ class SyncRecords:
 
     # ---- state records ------------------------------------------------------------------------
 
-    def publish_state(self, revision: int, state_hash: str) -> bool:
-        """Announce (revision, state hash) after every commit or catch-up."""
+    def publish_state(self, revision: int, state_hash: str, origin: str = "") -> bool:
+        """Announce (revision, state hash, origin) after every commit or catch-up."""
         self.revision = revision
-        record = StateRecord(self.me, self.fingerprint, revision, state_hash, float(self._clock()))
+        record = StateRecord(self.me, self.fingerprint, revision, state_hash, float(self._clock()), origin)
         key = state_key(self.swarm_id, self.fingerprint)
         stored = self._store(key, STATE_KIND, record, self.cfg.record_ttl_s)
         if stored:
             self._published = (revision, state_hash, record.created)
         return stored
 
-    def refresh_state(self, revision: int, state_hash: str) -> None:
+    def refresh_state(self, revision: int, state_hash: str, origin: str = "") -> None:
         """Re-publish the state record once half its lifetime has passed (or if it never got out)."""
         last_rev, last_hash, created = self._published
         stale = self._clock() - created > self.cfg.record_ttl_s / 2
         if stale or (last_rev, last_hash) != (revision, state_hash):
-            self.publish_state(revision, state_hash)
+            self.publish_state(revision, state_hash, origin)
 
     def read_states(self) -> dict[str, StateRecord]:
         """Verified state records of this architecture, by peer (the last read's while it serves)."""

@@ -39,6 +39,20 @@ class SyncJob:
         np.subtract(as_array(base.anchor), w, out=w)
         return cls(base, weights, steps, step)
 
+    def rebased(self, base: Snapshot) -> SyncJob:
+        """This job on another anchor, the weights kept: its pseudo-gradient becomes ``base.anchor - weights``.
+
+        A merge (:mod:`swarm.sync.merge`) moves a peer onto another history's anchor without touching its
+        weights: everything it trained since the fork, its old history's outer steps included, is then its
+        part in that history's next average. :func:`apply_outcome` of the rebased job leaves the weights
+        as they are unless the round commits.
+        """
+        pseudo = self.pseudo.clone()
+        out = as_array(pseudo)
+        np.add(out, as_array(base.anchor), out=out)
+        np.subtract(out, as_array(self.base.anchor), out=out)
+        return SyncJob(base, pseudo, self.steps, self.step)
+
     @property
     def weight(self) -> int:
         """What this member's part counts for in the average (the wire header's ``weight``).

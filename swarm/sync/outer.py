@@ -13,7 +13,9 @@ grow with the model's bytes at ``min_link_mbit``):
    that it is finite and plausibly close to this peer's own anchor, and
    move to it (:mod:`swarm.sync.catchup`); the weights keep this peer's own
    progress on top (:meth:`OuterSync.apply`). Keys that are not trusted
-   vouch nothing.
+   vouch nothing. Only states of this peer's own history (its origin) count;
+   when live peers of another history outnumber its own, it merges into
+   theirs instead, keeping its weights (:mod:`swarm.sync.merge`).
 2. Matchmaking: signed join records under (fingerprint, revision, state
    hash), so only peers sharing the same history meet; a gather window
    opened at ``w`` closes at ``w + M`` (:func:`decide_group`). Every joiner
@@ -37,12 +39,14 @@ Time bound. All deadlines are absolute from ``w``, and ``w`` is at most the
 time this peer first read the join key, so a stalled or dead peer cannot
 push anyone's deadlines. One ``sync_now`` returns within
 
-    T_max = M + A + max(C, d) + S + 2 P + 6 d   (+ local O(params) compute)
+    T_max = M + A + max(C, d) + S + 3 P + 6 d   (+ local O(params) compute)
 
 Counted with every DHT call taking its full d: the catch-up check refreshes
 and reads the state records (2 d), may ping the trusted peers that report
-this peer's own state (P), may ping trusted peers and strangers ahead to
-tell whether it is orphaned (P), and, when it runs, downloads within S and
+this peer's own state (P), may ping the peers of this and other histories to
+tell whether to merge (P, :mod:`swarm.sync.merge`), may ping trusted peers and
+strangers ahead to tell whether it is orphaned (P), and, when it runs (a
+catch-up or a merge), downloads within S and
 stores the new state record (d); the round's first join read (d) fixes w;
 from w: the window M, the all-reduce ends by ``w + M + A`` (a late group
 decision, with the join store, last group read and pings overrunning the
@@ -90,7 +94,7 @@ from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.job import RoundOutcome, SyncJob, apply_outcome
 from swarm.sync.journal import VoteJournal, journal_path
 from swarm.sync.liveness import Prober
-from swarm.sync.records import ABORT_DIGEST
+from swarm.sync.records import ABORT_DIGEST, valid_origin
 from swarm.sync.robust import Suspicion, distance
 from swarm.sync.schedule import Schedule
 from swarm.sync.tensors import flatten, state_hash
@@ -180,7 +184,7 @@ class OuterSync:
         self._journal = VoteJournal(journal_path(membership.identity.path), self.fingerprint)
         for revision in self._journal.voted:  # votes of an earlier process of this peer id (see swarm.sync.journal)
             self._catchup.undecided(revision)
-        self._records.publish_state(self._snap.revision, self._snap.state_hash)
+        self._records.publish_state(self._snap.revision, self._snap.state_hash, self._snap.origin)
         self._log(logging.INFO, "outer sync ready: fingerprint %s, %d parameters", self.fingerprint, anchor.numel())
 
     @property
@@ -198,6 +202,7 @@ class OuterSync:
         snap = self._applied
         return {
             "revision": snap.revision,
+            "origin": snap.origin,  # the history's name: a restart must not look like a history of its own
             "anchor": snap.anchor.cpu().clone(),
             "momentum": snap.momentum.cpu().clone(),
             "trust": self._catchup.state_dict(),  # a restart keeps its partners: see swarm.sync.catchup, "Forks"
@@ -215,7 +220,10 @@ class OuterSync:
             )
         momentum = fit_momentum(momentum, self._snap.momentum.numel())
         revision = int(state["revision"])
-        self._snap = self._applied = Snapshot(revision, state_hash(anchor, momentum), anchor, momentum)
+        origin = state.get("origin", "")
+        if not valid_origin(origin):
+            raise ValueError(f"outer-sync state names a malformed origin {origin!r}")
+        self._snap = self._applied = Snapshot(revision, state_hash(anchor, momentum, origin), anchor, momentum, origin)
         step = state.get("anchor_step")
         self._anchor_step = step if isinstance(step, int) and not isinstance(step, bool) else None
         trust = state.get("trust")
@@ -227,7 +235,7 @@ class OuterSync:
         if own is not None and own.revision > revision:
             self._log(logging.INFO, "own record says rev=%d %s: catching up to it", own.revision, own.state_hash[:8])
             self._catchup.own_claim = (own.revision, own.state_hash)
-        self._records.publish_state(revision, self._snap.state_hash)
+        self._records.publish_state(revision, self._snap.state_hash, origin)
 
     def _log(self, level: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s rev=%d] " + msg, self.peer_id[-6:], self._snap.revision, *args)
@@ -273,6 +281,9 @@ class OuterSync:
         new = outcome.installed
         if new is None:
             return
+        if outcome.report.merged and not outcome.report.committed:
+            self._applied = new  # a merge keeps the weights as they are: they are its part (SyncJob.rebased)
+            return
         apply_outcome(outcome, self.module)
         self._applied = new
         if outcome.report.committed:  # the job's steps are in the average; those trained since are not
@@ -307,6 +318,9 @@ class OuterSync:
             self._log(logging.WARNING, "catch-up failed (%s); syncing at the current state", e.reason)
             caught_up = False
         self._waiting_for = ""
+        merged = caught_up and self._catchup.merged
+        if merged:
+            job = job.rebased(self._snap)
         if not caught_up and self._catchup.orphaned(self._snap):
             return RoundOutcome(self._report(t0, AbortCause.ORPHANED, 0, 0), job, None)
         self._prober.reset(self._snap.revision)
@@ -318,7 +332,7 @@ class OuterSync:
             report = self._report(t0, e.cause, 0, 0, caught_up)
         finally:
             self._prober.done()  # from now on parts naming any unregistered group are refused at once
-        report.parent = parent
+        report.parent, report.merged = parent, merged
         return RoundOutcome(report, job, None if self._snap is start else self._snap)
 
     def _report(
@@ -341,6 +355,7 @@ class OuterSync:
         )
         report.cause = cause
         report.phases = phase_seconds(self._marks, now)
+        report.origin = snap.origin
         report.catch_up_refused = {why.value: n for why, n in self.catch_up_refusals.items()}
         return report
 
@@ -379,7 +394,7 @@ class OuterSync:
             self._catchup.add_partners(self._group[1])
             self._catchup.note_step(distance(snap.anchor, self._snap.anchor))
         self._snap = snap  # served to peers at once; the weights follow in apply()
-        self._records.publish_state(snap.revision, snap.state_hash)
+        self._records.publish_state(snap.revision, snap.state_hash, snap.origin)
 
     # ---- one round ----------------------------------------------------------------------------
 

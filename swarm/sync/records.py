@@ -37,6 +37,11 @@ def _hex(value: str, length: int, what: str) -> None:
         raise MessageRejected(f"{what}: expected {length} lowercase hex characters")
 
 
+def valid_origin(value: object) -> bool:
+    """Whether ``value`` names a history: "" (none yet: revision 0) or a state hash (64 lowercase hex)."""
+    return value == "" or (isinstance(value, str) and len(value) == 64 and set(value) <= _HEX)
+
+
 def _common(d: dict[str, Any], what: str) -> None:
     if d["version"] != limits.PROTOCOL_VERSION:
         raise MessageRejected(f"{what}: unsupported protocol version {d['version']}")
@@ -112,13 +117,20 @@ class VoteRecord:
 
 @dataclass(frozen=True)
 class StateRecord:
-    """ "After revision ``revision`` my anchor + outer momentum hash to ``state_hash``"."""
+    """ "After revision ``revision`` my anchor + outer momentum hash to ``state_hash``, in history ``origin``".
+
+    ``origin`` names the history (:mod:`swarm.sync.merge`); it is hashed into
+    ``state_hash``, so a record that names the wrong one names a state no donor
+    can serve. Records without the field (the format before it) are refused like
+    any malformed record.
+    """
 
     peer: str
     fingerprint: str
     revision: int
     state_hash: str
     created: float
+    origin: str = ""
     version: int = limits.PROTOCOL_VERSION
 
     def to_wire(self) -> dict[str, Any]:
@@ -126,9 +138,11 @@ class StateRecord:
 
     @classmethod
     def from_wire(cls, obj: Any) -> StateRecord:
-        d = _fields(obj, STATE_KIND, {**_BASE, "state_hash": str})
+        d = _fields(obj, STATE_KIND, {**_BASE, "state_hash": str, "origin": str})
         _common(d, STATE_KIND)
         _hex(d["state_hash"], 64, f"{STATE_KIND}.state_hash")
+        if not valid_origin(d["origin"]):
+            raise MessageRejected(f'{STATE_KIND}.origin: expected "" or 64 lowercase hex characters')
         return cls(**d)
 
 

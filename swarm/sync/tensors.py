@@ -159,11 +159,18 @@ def reduce_parts(parts: list[torch.Tensor], n: int, aggregator: str, trim_fracti
     return aggregate(parts, n, aggregator, trim_fraction)
 
 
-def state_hash(anchor: torch.Tensor, momentum: torch.Tensor) -> str:
-    """sha256 hex of the anchor and outer momentum (float32, little-endian)."""
+def state_hash(anchor: torch.Tensor, momentum: torch.Tensor, origin: str = "") -> str:
+    """sha256 hex of the anchor and outer momentum (float32, little-endian), and of the history's ``origin``.
+
+    The origin (:func:`swarm.sync.merge.next_origin`) is hashed so that a state's hash names its history
+    too: a donor cannot serve a state under another history's name. A state with no origin (revision 0)
+    hashes as the anchor and momentum alone.
+    """
     h = hashlib.sha256(b"swarm-node/state/v1\n")
     for t in (anchor, momentum):
         h.update(as_array(t).astype("<f4", copy=False).data.cast("B"))
+    if origin:
+        h.update(b"\norigin:" + origin.encode())
     return h.hexdigest()
 
 

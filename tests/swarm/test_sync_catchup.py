@@ -218,7 +218,7 @@ class _Records:
     def __init__(self, states: dict[str, StateRecord]) -> None:
         self.states = states
 
-    def refresh_state(self, revision: int, state_hash: str) -> bool:
+    def refresh_state(self, revision: int, state_hash: str, origin: str = "") -> bool:
         return True
 
     def read_states(self) -> dict[str, StateRecord]:

@@ -374,7 +374,7 @@ def test_config_bound_and_report_metrics() -> None:
     cfg = OuterSyncConfig(
         matchmaking_timeout_s=1, allreduce_timeout_s=2, commit_timeout_s=3, state_timeout_s=4, dht_timeout_s=1
     )
-    assert cfg.max_sync_seconds(1000) == 1 + 2 + max(3, 1) + 4 + 2 * cfg.ping_timeout_s + 6 * 1 + 1.0
+    assert cfg.max_sync_seconds(1000) == 1 + 2 + max(3, 1) + 4 + 3 * cfg.ping_timeout_s + 6 * 1 + 1.0
     line = SyncReport(1.0, "p", 3, H0, True, 2, SyncOutcome.COMMITTED, 0.5, 10).to_metrics()
     assert line["event"] == "sync"
     keys = {"time", "peer", "revision", "state_hash", "committed", "group_size", "reason", "cause", "sync_s"}
