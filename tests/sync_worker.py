@@ -356,6 +356,8 @@ def main(argv: list[str]) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("hivemind").setLevel(logging.ERROR)
+    if os.environ.get("SYNC_WORKER_DEBUG"):
+        logging.getLogger("swarm.sync.allreduce").setLevel(logging.DEBUG)
     torch.set_num_threads(1)
     out = Reporter(args.report)
     cfg = _sync_config(args, OuterSyncConfig)

@@ -39,9 +39,11 @@ from typing import Any
 import numpy as np
 import torch
 from hivemind.p2p import P2P, PeerID
+from hivemind.utils.multiaddr import Multiaddr
 
 from swarm.sync import direct
 from swarm.sync.config import AbortCause, SyncAborted
+from swarm.sync.dialhints import DialHints
 from swarm.sync.direct import host_of
 from swarm.sync.errors import BadBytes, GroupMismatch, PeerLost
 from swarm.sync.records import valid_origin
@@ -184,6 +186,8 @@ class SyncService:
         self._expected: tuple[int, frozenset[str]] | None = None
         self._waiting: dict[str, int] = {}
         self._ping_slots: asyncio.Semaphore | None = None  # made on the loop, at first use
+        self.hints = DialHints()
+        """Peers' published addresses, dialled when one cannot be reached otherwise (swarm.sync.dialhints)."""
 
     async def start(self) -> None:
         if self._listener is not None:
@@ -597,10 +601,36 @@ class SyncService:
                 logger.debug("[%s] ping %s: stream closed (%s), asking again", self._me[-6:], peer[-6:], e)
             except Exception as e:  # unreachable, refused, timed out: all mean "did not answer"
                 logger.debug("[%s] ping %s failed: %s", self._me[-6:], peer[-6:], type(e).__name__)
-                return False
+                if not await self._reconnect(peer, end - time.monotonic()):
+                    return False
             if time.monotonic() >= end:
                 break
         return False
+
+    async def _dial(self, peer: str) -> tuple[Any, asyncio.StreamReader, asyncio.StreamWriter]:
+        """A stream to ``peer``'s handler of this service."""
+        got: tuple[Any, asyncio.StreamReader, asyncio.StreamWriter]
+        got = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer), self._name)
+        return got
+
+    async def _reconnect(self, peer: str, timeout: float) -> bool:
+        """Connect to ``peer`` through the addresses its own record published (see swarm.sync.dialhints).
+
+        False (nothing to try) if it published none or was tried within RECONNECT_S. hivemind's P2P has no
+        public connect, so this asks its daemon client directly.
+        """
+        addrs = self.hints.take(peer)
+        if not addrs or timeout <= 0:
+            return False
+        try:
+            maddrs = [Multiaddr(a) for a in addrs]
+            client: Any = self._p2p._client
+            await asyncio.wait_for(client.connect(PeerID.from_base58(peer), maddrs), timeout)
+        except Exception as e:  # a malformed or wrong address, a refused handshake, a timeout: no route
+            logger.debug("[%s] connect to %s through its addresses failed: %s", self._me[-6:], peer[-6:], e)
+            return False
+        logger.debug("[%s] connected to %s through its published addresses", self._me[-6:], peer[-6:])
+        return True
 
     async def _ping(self, peer: str, slots: asyncio.Semaphore) -> bool:
         async with slots:
@@ -618,9 +648,12 @@ class SyncService:
         """
         m = n if momentum_elems is None else momentum_elems
         end = self._clock() + timeout
-        _, reader, writer = await asyncio.wait_for(
-            self._p2p.call_binary_stream_handler(PeerID.from_base58(donor), self._name), self._chunk_timeout
-        )
+        try:
+            _, reader, writer = await asyncio.wait_for(self._dial(donor), self._chunk_timeout)
+        except Exception:
+            if not await self._reconnect(donor, min(self._chunk_timeout, end - self._clock())):
+                raise
+            _, reader, writer = await asyncio.wait_for(self._dial(donor), self._chunk_timeout)
         try:
             await write_frame(writer, {"op": "state"}, b"", self._chunk_timeout)
             header = await read_header(reader, max(0.01, end - self._clock()))

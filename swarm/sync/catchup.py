@@ -117,6 +117,8 @@ class CatchUpper:
         self._merged_at = -math.inf
         self._merge_winner = ""
         """The history the last merge check found winning ("" if this peer's own)."""
+        self._merge_peers: list[str] = []
+        """That history's peers that answered the check's ping: partners once merged."""
         self._shunned: dict[str, float] = {}
         """Histories whose state was refused as implausible, and when: left out of merges for the cooldown."""
 
@@ -283,6 +285,10 @@ class CatchUpper:
             if self.merged:
                 self._merged_at, self._merge_winner = self._clock(), ""
                 self.merges += 1
+                # its new history's live peers become partners: a merged peer that trusted none of them
+                # would neither follow their later commits nor see that they superseded its round, and
+                # extending a state they already extended forks the history it joined
+                self.add_partners(self._merge_peers)
             return got
         if self._led(snap, target):
             # its own weights are only an initialisation: syncing on them would start a second history
@@ -315,6 +321,7 @@ class CatchUpper:
         alive = self._alive(to_ping(states, self._me, snap.origin), self._cfg.ping_timeout_s)
         target = decide_merge(states, self._me, snap.origin, alive, self.ignored())
         winner = "" if target is None else states[target.donors[0]].origin
+        self._merge_peers = sorted(p for p in alive if p in states and states[p].origin == winner)
         # two checks in a row must name the winner: peers of both histories that read the records a moment
         # apart (a bridge peer's record changing history) could otherwise each merge into the other's
         confirmed, self._merge_winner = winner == self._merge_winner, winner

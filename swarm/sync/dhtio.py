@@ -33,6 +33,7 @@ from swarm.sync.decide import (
     missing_votes,
     should_close,
 )
+from swarm.sync.dialhints import DialHints, transport_addrs
 from swarm.sync.liveness import LivenessReason, Prober
 from swarm.sync.records import (
     ABORT_DIGEST,
@@ -117,6 +118,10 @@ class SyncRecords:
         """The state of the last matchmaking, and the one before it (see :meth:`_nearby`)."""
         self._last_matchmaking = float("-inf")
         """When the last matchmaking began (see :meth:`_nearby`)."""
+        self._addrs: tuple[str, ...] | None = None
+        """This peer's transport addresses, published with its join and state records (swarm.sync.dialhints)."""
+        self.hints = DialHints()
+        """Other peers' published addresses (OuterSync hands its sync service this same object)."""
         self.opened = ContentMemo[Any](OPENED_RECORDS)
         """Outcomes of opening records by content (see :func:`open_records`)."""
 
@@ -163,14 +168,21 @@ class SyncRecords:
     # ---- state records ------------------------------------------------------------------------
 
     def publish_state(self, revision: int, state_hash: str, origin: str = "") -> bool:
-        """Announce (revision, state hash, origin) after every commit or catch-up."""
+        """Announce (revision, state hash, origin) after every commit or catch-up, with this peer's addresses."""
         self.revision = revision
-        record = StateRecord(self.me, self.fingerprint, revision, state_hash, float(self._clock()), origin)
+        now = float(self._clock())
+        record = StateRecord(self.me, self.fingerprint, revision, state_hash, now, origin, self.addrs())
         key = state_key(self.swarm_id, self.fingerprint)
         stored = self._store(key, STATE_KIND, record, self.cfg.record_ttl_s)
         if stored:
             self._published = (revision, state_hash, record.created)
         return stored
+
+    def addrs(self) -> tuple[str, ...]:
+        """This peer's transport addresses, asked once: a node's listen addresses do not change while it runs."""
+        if self._addrs is None:
+            self._addrs = transport_addrs(self._m.visible_multiaddrs())
+        return self._addrs
 
     def refresh_state(self, revision: int, state_hash: str, origin: str = "") -> None:
         """Re-publish the state record once half its lifetime has passed (or if it never got out)."""
@@ -195,6 +207,7 @@ class SyncRecords:
             self.opened,
         )
         self._rejected(STATE_KIND, rejected)
+        self.hints.learn(kept)
         self.states = kept
         took = self._clock() - start
         pause = state_read_pause_s(len(raw), took)
@@ -215,6 +228,7 @@ class SyncRecords:
         now = self._clock()
         kept, rejected = open_records(self._get(key), JOIN_KIND, JoinRecord.from_wire, expect, now, self.opened)
         self._rejected(JOIN_KIND, rejected)
+        self.hints.learn(kept)  # the joiners this round pings may be known to this peer only through these
         return {p: r for p, r in kept.items() if self.banned.get(p, float("-inf")) <= now}
 
     def _join(
@@ -227,7 +241,9 @@ class SyncRecords:
         timeout: float | None = None,
     ) -> JoinRecord:
         now = float(self._clock())
-        record = JoinRecord(self.me, self.fingerprint, revision, state_hash, float(window), now, closed, self.skip)
+        record = JoinRecord(
+            self.me, self.fingerprint, revision, state_hash, float(window), now, closed, self.skip, self.addrs()
+        )
         cfg = self.cfg
         self._store(key, JOIN_KIND, record, cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s + 30.0, timeout)
         return record

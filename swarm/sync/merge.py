@@ -17,7 +17,10 @@ islands never synced together. So each state carries the name of its history:
   winner's newest state and takes it as its anchor while keeping its own
   weights, so everything its island trained since the fork enters the
   winner's next average as its pseudo-gradient (:meth:`swarm.sync.job.SyncJob.rebased`).
-  No work is lost, and no weights are overwritten by a stranger's.
+  No work is lost, and no weights are overwritten by a stranger's. The
+  winner's peers that answered the check become the merged peer's partners
+  (trusted for catch-up and the superseded check): a merged peer that
+  trusted none of them would extend a state they had already extended.
 - catch-up, the superseded check and the orphan check look only at states of
   this peer's own origin: across histories only a merge moves a peer, so a
   merged peer is not pulled back by partners that have not merged yet.
@@ -31,7 +34,9 @@ attacker must run more live hosts than the island has members. Even then the
 island keeps its weights; its new anchor must pass catch-up's plausibility
 check (finite, within ``max_state_shift`` of its own anchor); and a peer
 merges at most once per :data:`MERGE_COOLDOWN_S`, so one pull is all such a
-history gets for minutes. Peers that never committed (origin ``""``) neither
+history gets for minutes; its hosts become the merged peer's partners, which
+costs the island no more than the attacker's majority in its groups does already.
+Peers that never committed (origin ``""``) neither
 count nor merge: a stranger's claim must not move a swarm's founder (see
 ``CatchUpper._alone_behind``).
 """

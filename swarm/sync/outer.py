@@ -166,6 +166,7 @@ class OuterSync:
             direct_host=membership.cfg.host if cfg.direct_payloads and not membership.cfg.client_mode else None,
             direct_send=cfg.direct_payloads,
         )
+        self._service.hints = self._records.hints  # addresses read with the records, dialled by the service
         membership.run(self._service.start(), cfg.dht_timeout_s)
         self._prober = Prober(membership, self._service, cfg.ping_timeout_s)
         self._closed = False

@@ -19,6 +19,7 @@ from protocol.errors import MessageRejected
 from protocol.schema import _fields, _ident, _time
 from protocol.signing import SigningKey, open_envelope, seal
 from swarm.memo import ContentMemo
+from swarm.sync.dialhints import MAX_ADDRS, valid_addr
 
 JOIN_KIND = "sync-join"
 VOTE_KIND = "sync-vote"
@@ -40,6 +41,12 @@ def _hex(value: str, length: int, what: str) -> None:
 def valid_origin(value: object) -> bool:
     """Whether ``value`` names a history: "" (none yet: revision 0) or a state hash (64 lowercase hex)."""
     return value == "" or (isinstance(value, str) and len(value) == 64 and set(value) <= _HEX)
+
+
+def _addrs(value: list[Any] | tuple[Any, ...], what: str) -> tuple[str, ...]:
+    if len(value) > MAX_ADDRS or not all(valid_addr(a) for a in value):
+        raise MessageRejected(f"{what}.addrs: at most {MAX_ADDRS} transport multiaddrs without a peer id")
+    return tuple(value)
 
 
 def _common(d: dict[str, Any], what: str) -> None:
@@ -74,6 +81,9 @@ class JoinRecord:
     skip: int = 0
     """Revisions past ``revision + 1`` this peer's next commit must take: others committed them from this
     history but nobody could serve them (a dead branch). At most :data:`MAX_SKIP`; see ``decide_group``."""
+    addrs: tuple[str, ...] = ()
+    """The signer's transport addresses: the joiners a member pings may be known to it only second-hand
+    (swarm.sync.dialhints)."""
     version: int = limits.PROTOCOL_VERSION
 
     def to_wire(self) -> dict[str, Any]:
@@ -81,13 +91,20 @@ class JoinRecord:
 
     @classmethod
     def from_wire(cls, obj: Any) -> JoinRecord:
-        d = _fields(obj, JOIN_KIND, {**_BASE, "state_hash": str, "window_start": float, "closed": bool, "skip": int})
+        spec: dict[str, type | tuple[type, ...]] = {
+            "state_hash": str,
+            "window_start": float,
+            "closed": bool,
+            "skip": int,
+        }
+        spec["addrs"] = (list, tuple)
+        d = _fields(obj, JOIN_KIND, {**_BASE, **spec})
         _common(d, JOIN_KIND)
         _hex(d["state_hash"], 64, f"{JOIN_KIND}.state_hash")
         _time(d["window_start"], f"{JOIN_KIND}.window_start")
         if not 0 <= d["skip"] <= MAX_SKIP:
             raise MessageRejected(f"{JOIN_KIND}.skip: must be in [0, {MAX_SKIP}]")
-        return cls(**d)
+        return cls(**{**d, "addrs": _addrs(d["addrs"], JOIN_KIND)})
 
 
 @dataclass(frozen=True)
@@ -131,6 +148,8 @@ class StateRecord:
     state_hash: str
     created: float
     origin: str = ""
+    addrs: tuple[str, ...] = ()
+    """The signer's transport addresses, dialled when it cannot be reached otherwise (swarm.sync.dialhints)."""
     version: int = limits.PROTOCOL_VERSION
 
     def to_wire(self) -> dict[str, Any]:
@@ -138,12 +157,12 @@ class StateRecord:
 
     @classmethod
     def from_wire(cls, obj: Any) -> StateRecord:
-        d = _fields(obj, STATE_KIND, {**_BASE, "state_hash": str, "origin": str})
+        d = _fields(obj, STATE_KIND, {**_BASE, "state_hash": str, "origin": str, "addrs": (list, tuple)})
         _common(d, STATE_KIND)
         _hex(d["state_hash"], 64, f"{STATE_KIND}.state_hash")
         if not valid_origin(d["origin"]):
             raise MessageRejected(f'{STATE_KIND}.origin: expected "" or 64 lowercase hex characters')
-        return cls(**d)
+        return cls(**{**d, "addrs": _addrs(d["addrs"], STATE_KIND)})
 
 
 Record = JoinRecord | VoteRecord | StateRecord

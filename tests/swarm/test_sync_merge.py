@@ -200,6 +200,7 @@ def test_a_peer_merges_once_two_checks_agree_then_waits_out_the_cooldown() -> No
     clock.now += MERGE_CHECK_S / 2
     got = upper.catch_up(snap, lambda: False)  # the second check agrees
     assert got is theirs and upper.merged and upper.merges == 1 and fetched == ["x"]
+    assert upper.trusted() == {"x", "y"}  # its new history's live peers: it follows their later commits
     for _ in range(2):  # another (made-up) history now outnumbers this one: not within the cooldown
         clock.now += MERGE_CHECK_S
         assert upper.catch_up(snap, lambda: False) is None and not upper.merged

@@ -1,0 +1,88 @@
+"""Addresses peers publish with their state records, dialled when a peer cannot be reached otherwise.
+
+libp2p dials a peer id through the addresses its daemon knows: from a
+connection, or found by its own routing. A peer known only second-hand (two
+islands that met through one bridge peer) may have none for minutes, and a
+failed dial is then refused at once for a while (dial backoff). Members of one
+history that can reach a joiner and members that cannot compute different
+groups, and nothing commits. So every state record carries its signer's
+transport addresses (at most :data:`MAX_ADDRS`), and a ping or a state
+download that fails to dial a peer first connects through them, then tries
+once more.
+
+Bounded: at most one connect per peer per :data:`RECONNECT_S`, and hints for at
+most :data:`MAX_HINTS` peers. An address that does not belong to the record's
+signer fails libp2p's handshake (it checks the peer id), so a record naming
+another host's address costs one refused dial.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
+
+MAX_ADDRS = 4
+MAX_ADDR_CHARS = 128
+RECONNECT_S = 30.0
+"""Seconds between two connects to one peer through its published addresses."""
+MAX_HINTS = 4096
+
+
+class _Addressed(Protocol):
+    @property
+    def addrs(self) -> tuple[str, ...]: ...
+
+
+def transport_addrs(maddrs: Iterable[str]) -> tuple[str, ...]:
+    """The first :data:`MAX_ADDRS` distinct addresses of ``maddrs`` without their ``/p2p/<id>`` part.
+
+    >>> transport_addrs(["/ip4/127.0.0.1/tcp/5/p2p/12D3KooWA", "/ip4/127.0.0.1/tcp/5"])
+    ('/ip4/127.0.0.1/tcp/5',)
+    """
+    out: list[str] = []
+    for m in maddrs:
+        addr = m.split("/p2p/")[0]
+        if valid_addr(addr) and addr not in out:
+            out.append(addr)
+    return tuple(out[:MAX_ADDRS])
+
+
+def valid_addr(value: object) -> bool:
+    """A transport multiaddr's text: ``/``-led printable ASCII, at most :data:`MAX_ADDR_CHARS`, no peer id."""
+    return (
+        isinstance(value, str)
+        and 1 < len(value) <= MAX_ADDR_CHARS
+        and value.startswith("/")
+        and value.isascii()
+        and value.isprintable()
+        and "/p2p/" not in value
+    )
+
+
+class DialHints:
+    """Peer -> the addresses its own record published, handed out for a connect at most every RECONNECT_S."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._addrs: dict[str, tuple[str, ...]] = {}
+        self._tried: dict[str, float] = {}
+
+    def learn(self, records: Mapping[str, _Addressed]) -> None:
+        """Take every record's addresses (the newest win; the oldest peers are forgotten past MAX_HINTS)."""
+        for peer, record in records.items():
+            if record.addrs:
+                self._addrs.pop(peer, None)
+                self._addrs[peer] = record.addrs
+        while len(self._addrs) > MAX_HINTS:
+            del self._addrs[next(iter(self._addrs))]
+        while len(self._tried) > MAX_HINTS:
+            del self._tried[next(iter(self._tried))]
+
+    def take(self, peer: str) -> tuple[str, ...]:
+        """``peer``'s addresses to connect through now, or none (unknown, or tried within RECONNECT_S)."""
+        now = self._clock()
+        if peer not in self._addrs or now - self._tried.get(peer, -RECONNECT_S) < RECONNECT_S:
+            return ()
+        self._tried[peer] = now
+        return self._addrs[peer]
