@@ -232,27 +232,9 @@ class CatchUpper:
         wait for the next round rather than sync at its own state (which would
         fork the history if the target is real).
         """
-        self.merged = False
-        self._records.refresh_state(snap.revision, snap.state_hash, snap.origin)
-        decision = self.decide(snap)
-        for peer, reason in decision.refused.items():
-            self._refused(peer, reason)
-        target = decision.target
+        target = self._target(snap)
         if target is None:
-            target = self._merge_target(snap)
-            if target is None:
-                return None
-            self.merged = True
-            self._log(
-                logging.WARNING,
-                "another history has more live peers: merging into rev=%d %s (keeping this peer's weights)",
-                target.revision,
-                target.state_hash[:8],
-            )
-        else:
-            self._log(
-                logging.INFO, "behind or diverged: catching up to rev=%d %s", target.revision, target.state_hash[:8]
-            )
+            return None
         end = self._clock() + self._cfg.state_bound_s(snap.anchor.numel())
         for donor in target.donors:
             left = end - self._clock()
@@ -299,6 +281,31 @@ class CatchUpper:
             raise StateDownloadFailed("no donor served the history to merge into", retry=False)
         retry = (target.revision, target.state_hash) not in self.ignored()
         raise StateDownloadFailed("no donor served the target state", retry=retry)
+
+    def _target(self, snap: Snapshot) -> CatchUp | None:
+        """The state to download: a catch-up within this peer's history, else a merge into another, else None
+        (:attr:`merged` says which)."""
+        self.merged = False
+        self._records.refresh_state(snap.revision, snap.state_hash, snap.origin)
+        decision = self.decide(snap)
+        for peer, reason in decision.refused.items():
+            self._refused(peer, reason)
+        target = decision.target
+        if target is not None:
+            self._log(
+                logging.INFO, "behind or diverged: catching up to rev=%d %s", target.revision, target.state_hash[:8]
+            )
+            return target
+        target = self._merge_target(snap)
+        if target is not None:
+            self.merged = True
+            self._log(
+                logging.WARNING,
+                "another history has more live peers: merging into rev=%d %s (keeping this peer's weights)",
+                target.revision,
+                target.state_hash[:8],
+            )
+        return target
 
     def _merge_target(self, snap: Snapshot) -> CatchUp | None:
         """The state of a history with more live peers than this peer's own, if any (see swarm.sync.merge).
