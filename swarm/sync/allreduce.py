@@ -634,7 +634,7 @@ class SyncService:
 
     async def _ping(self, peer: str, slots: asyncio.Semaphore) -> bool:
         async with slots:
-            _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer), self._name)
+            _, reader, writer = await self._dial(peer)
         try:
             await write_frame(writer, {"op": "ping"}, b"", self._chunk_timeout)
             return (await read_header(reader, self._chunk_timeout)).get("ok") is True
