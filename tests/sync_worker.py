@@ -134,13 +134,12 @@ def _garbage(mode: str, n: int, seed: int) -> Any:
 
 def _be_hostile() -> None:
     """Make this process's reducer return huge noise for its slice (an attacker runs whatever code it likes)."""
-    import swarm.sync.allreduce as allreduce
-    from swarm.sync.robust import Reduced
+    import swarm.sync.pieces as pieces
 
-    def lying_reduce(parts: Any, own: Any, n: int, *rest: Any, **options: Any) -> Reduced:
-        return Reduced(_garbage("noise", n, n), {})
+    def lying_reduce(rows: Any, n: int, rule: str, trim_fraction: float, weights: list[float]) -> Any:
+        return _garbage("noise", n, n).numpy()
 
-    allreduce.reduce_slice = lying_reduce  # type: ignore[attr-defined]
+    pieces.reduce_piece = lying_reduce
 
 
 def _always_veto(sync: Any) -> None:

@@ -2,11 +2,13 @@
 
 Member i of a sorted group of n owns slice i of the flat pseudo-gradient.
 Every member opens one stream to every other owner j, sends its (encoded)
-part of slice j, and reads back, on the same stream, the bytes owner j
-produced by reducing all n parts, each weighted by the inner steps its
-header claims (capped, see :func:`swarm.sync.robust.clamp_weights`). The owner
-takes its own slice from those same bytes. So every member assembles the average from exactly the reducers'
-bytes, and members that finish hold bit-identical averages.
+part of slice j, and reads back, on the same stream and while it still sends,
+the bytes owner j produces by reducing all n parts piece by piece as they land
+(:mod:`swarm.sync.pieces`), each weighted by the inner steps its header claims
+(capped, see :func:`swarm.sync.robust.clamp_weights`) and clipped by the norm
+it claims. The owner takes its own slice from those same bytes. So every
+member assembles the average from exactly the reducers' bytes, and members
+that finish hold bit-identical averages.
 
 Streams are authenticated by libp2p (the remote peer id comes from the
 connection, not from the message). Every header names the group id, the
@@ -42,23 +44,26 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 from swarm.sync import direct
+from swarm.sync.channel import (
+    Channel,
+    SocketChannel,
+    StreamChannel,
+    both,
+    piece_buffer,
+    recv_piece,
+    recv_pieces,
+    send_pieces,
+)
 from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.dialhints import DialHints
 from swarm.sync.direct import host_of
 from swarm.sync.errors import BadBytes, GroupMismatch, PeerLost
+from swarm.sync.pieces import SliceReduction, decoded_norm, encode_pieces
 from swarm.sync.records import valid_origin
-from swarm.sync.robust import Suspicion, as_array, clamp_weights, reduce_slice
-from swarm.sync.tensors import Buffer, decode_into, encode_view, encoded_size, from_bytes, slice_bounds, to_bytes
+from swarm.sync.robust import Suspicion, norm
+from swarm.sync.tensors import Buffer, decode_into, encoded_size, from_bytes, slice_bounds, to_bytes
 from swarm.sync.tensors import state_hash as compute_state_hash
-from swarm.sync.wire import (
-    check_ok,
-    check_weight,
-    read_header,
-    read_payload,
-    read_vector,
-    send_error,
-    write_frame,
-)
+from swarm.sync.wire import check_ok, check_weight, read_header, read_payload, send_error, write_frame, write_head
 
 logger = logging.getLogger(__name__)
 
@@ -123,21 +128,30 @@ class AllReduceResult:
     """Members whose parts this member, as reducer of its slice, clipped."""
 
 
-class _Round:
-    """Owner-side state of one round: the parts received for this member's slice."""
+@dataclass(frozen=True)
+class Part:
+    """This member's part of one slice as it goes out: encoded pieces, their sha256, the norm it claims."""
 
-    def __init__(self, plan: RoundPlan, index: int) -> None:
+    pieces: list[Buffer]
+    digest: bytes
+    claim: float | None
+    """The norm its owner computes of the decoded part (None for no part)."""
+
+    @property
+    def size(self) -> int:
+        return sum(memoryview(p).nbytes for p in self.pieces)
+
+
+class _Round:
+    """Owner-side state of one round: this member's slice, reduced piece by piece (:mod:`swarm.sync.pieces`)."""
+
+    def __init__(self, plan: RoundPlan, index: int, me: str, dest: np.ndarray, remaining: Callable[[], float]) -> None:
         self.plan, self.index = plan, index
         lo, hi = plan.bounds()[index]
         self.n = hi - lo
-        self.parts: dict[str, tuple[torch.Tensor, int] | None] = {}
-        """Each member's decoded part and its claimed weight (inner steps), None for weight 0."""
-        self.flagged: dict[str, Suspicion] = {}
-        self.result: asyncio.Future[Buffer] = asyncio.get_running_loop().create_future()
-        """The reduced slice's bytes, as sent to every member (read-only: several streams send it at once)."""
-        self.result_digest = b""
-        """sha256 of ``result`` (set before it): what a member receiving it directly checks it against."""
-        self.result.add_done_callback(lambda f: f.cancelled() or f.exception())
+        rule = (plan.aggregator, plan.trim_fraction, plan.clip_factor, plan.max_weight_ratio)
+        prefix = f"[{me[-6:]} rev={plan.revision}] slice {index}:"
+        self.red = SliceReduction(plan.members, me, self.n, plan.compression, rule, dest, remaining, prefix)
         self.replied = 0
         self.all_replied = asyncio.Event()
         """Set once this member's reply stream to every other member is written (or failed)."""
@@ -148,8 +162,7 @@ class _Round:
             self.all_replied.set()
 
     def fail(self, reason: str, cause: AbortCause = AbortCause.ALLREDUCE_FAILED) -> None:
-        if not self.result.done():
-            self.result.set_exception(SyncAborted(reason, cause))
+        self.red.fail(reason, cause)
 
 
 class SyncService:
@@ -275,65 +288,53 @@ class SyncService:
         if sender not in plan.members or sender == self._me:  # refused, but no reason to fail the round
             raise GroupMismatch(f"{sender[-6:]} is not a member")
         sock: socket.socket | None = None
+        joined, replying = False, asyncio.Event()
         try:
-            try:
-                if header.get("revision") != plan.revision or header.get("slice") != rnd.index:
-                    raise GroupMismatch("revision or slice differs")
-                weight = check_weight(header.get("weight"))
-                expected = encoded_size(rnd.n, plan.compression) if weight else 0
-                if header.get("direct") is True:
-                    sock, part = await self._receive_direct(rnd, header, reader, writer, expected)
-                else:
-                    part = await self._receive_inline(rnd, header, reader, expected)
-                await self._add_part(rnd, sender, weight, part)
-                del part  # the round holds it until its slice is reduced, not until the reply below is sent
-            except (SyncAborted, TimeoutError) as e:
-                if isinstance(e, SyncAborted):
-                    rnd.fail(e.reason, e.cause)
-                else:
-                    rnd.fail("part timeout", AbortCause.ALLREDUCE_TIMEOUT)
-                raise
-            try:
-                result = await asyncio.wait_for(asyncio.shield(rnd.result), self._remaining(plan))
-                if sock is None:
-                    await write_frame(writer, {"ok": True}, result, self._chunk_timeout)
-                else:
-                    reply = {"ok": True, "bytes": len(result), "sha256": rnd.result_digest}
-                    await write_frame(writer, reply, b"", self._chunk_timeout)
-                    await direct.send(sock, result, self._chunk_timeout)
-            finally:
-                rnd.reply_done()
+            if header.get("revision") != plan.revision or header.get("slice") != rnd.index:
+                raise GroupMismatch("revision or slice differs")
+            weight = check_weight(header.get("weight"))
+            expected = encoded_size(rnd.n, plan.compression) if weight else 0
+            claim = header.get("norm") if weight else None
+            if weight and not isinstance(claim, float):
+                raise BadBytes("a part header without its norm")
+            digest: bytes | None = None
+            if header.get("direct") is True:
+                sock, digest, inline = await self._accept_direct(rnd, header, reader, writer)
+                header = inline or header
+            if sock is None and header["size"] != expected:
+                raise BadBytes(f"part of {header['size']} bytes, expected {expected}")
+            rnd.red.join(sender, weight, claim)
+            joined = True
+            channel: Channel = (
+                SocketChannel(sock, self._chunk_timeout) if sock else StreamChannel(reader, writer, self._chunk_timeout)
+            )
+            reply = self._send_reduced(rnd, writer, sock, replying)
+            await both(self._receive_part(rnd, sender, channel, digest, weight), reply)
+        except (SyncAborted, TimeoutError) as e:
+            if isinstance(e, SyncAborted):
+                rnd.fail(e.reason, e.cause)
+            else:
+                rnd.fail("part timeout", AbortCause.ALLREDUCE_TIMEOUT)
+            if replying.is_set():  # no error frame inside a payload: closing the stream says it
+                logger.debug("[%s] cut a reply to %s: %s", self._me[-6:], sender[-6:], rnd.red.failed or e)
+                return
+            raise
         finally:
+            if joined:
+                rnd.reply_done()
             direct.close(sock)
 
-    async def _receive_inline(
-        self, rnd: _Round, header: dict[str, Any], reader: asyncio.StreamReader, expected: int
-    ) -> np.ndarray | None:
-        """A part sent on the P2P stream itself (None for a member that trained nothing)."""
-        if header["size"] != expected:
-            raise BadBytes(f"part of {header['size']} bytes, expected {expected}")
-        if not expected:
-            return None
-        part = np.empty(rnd.n, dtype=np.float32)
-        await read_vector(reader, part, rnd.plan.compression, self._chunk_timeout)
-        return part
-
-    async def _receive_direct(
-        self,
-        rnd: _Round,
-        header: dict[str, Any],
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        expected: int,
-    ) -> tuple[socket.socket | None, np.ndarray | None]:
-        """Offer a ticket; take the part on the sender's direct connection (checked against the sha256 in
-        its header), or on the stream if it could not connect. Returns the connection (None: use the stream)."""
+    async def _accept_direct(
+        self, rnd: _Round, header: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[socket.socket | None, bytes | None, dict[str, Any] | None]:
+        """Offer a ticket; the sender's direct connection and the sha256 its part must match, or the inline
+        header it sent instead, to send its part on the stream."""
         digest = header.get("sha256")
         if header["size"] != 0 or not isinstance(digest, bytes) or len(digest) != 32:
             raise BadBytes("direct part header without a sha256, or with a payload")
         if self._listener is None:  # direct payloads off here: port 0 asks for the part on the stream
             await write_frame(writer, {"ok": True, "port": 0, "ticket": b""}, b"", self._chunk_timeout)
-            return None, await self._receive_inline(rnd, await self._inline_header(rnd, reader), reader, expected)
+            return None, None, await self._inline_header(rnd, reader)
         ticket, arrived = self._listener.issue()
         inline: asyncio.Future[dict[str, Any]] | None = None
         try:
@@ -344,14 +345,9 @@ class SyncService:
             either: set[asyncio.Future[Any]] = {arrived, inline}
             done, _ = await asyncio.wait(either, timeout=self._remaining(rnd.plan), return_when=asyncio.FIRST_COMPLETED)
             if arrived in done:
-                sock = self._listener.take(ticket)
-                try:
-                    return sock, await self._receive_checked(rnd, sock, digest, expected)
-                except BaseException:
-                    direct.close(sock)
-                    raise
+                return self._listener.take(ticket), digest, None
             if inline in done:
-                return None, await self._receive_inline(rnd, await inline, reader, expected)
+                return None, None, await inline
             raise TimeoutError
         finally:
             if inline is not None and not inline.done():
@@ -364,60 +360,41 @@ class SyncService:
             raise BadBytes("expected the part inline")
         return header
 
-    async def _receive_checked(
-        self, rnd: _Round, sock: socket.socket, digest: bytes, expected: int
-    ) -> np.ndarray | None:
-        if not expected:
-            return None
-        part = np.empty(rnd.n, dtype=np.float32)
-        await direct.recv_vector(sock, part, rnd.plan.compression, self._chunk_timeout, digest)
-        return part
+    async def _receive_part(
+        self, rnd: _Round, sender: str, channel: Channel, digest: bytes | None, weight: int
+    ) -> None:
+        """Take ``sender``'s part piece by piece into the reduction's slots (checked against ``digest``,
+        the sha256 announced on the stream, when it came on a direct connection)."""
+        red, compression = rnd.red, rnd.plan.compression
+        if weight:
+            hasher = hashlib.sha256() if digest is not None else None
+            raw = piece_buffer(compression)
+            for k in range(len(red.pieces)):
+                await recv_piece(channel, await red.slot(sender, k), compression, hasher, raw)
+                red.landed(sender, k)
+            if hasher is not None and hasher.digest() != digest:
+                raise BadBytes("payload does not match its sha256")
+        red.complete(sender)
 
-    async def _add_part(self, rnd: _Round, peer: str, weight: int, part: np.ndarray | None) -> None:
-        if peer in rnd.parts:
-            raise GroupMismatch(f"second part from {peer[-6:]}")
-        rnd.parts[peer] = (torch.from_numpy(part), weight) if part is not None else None
-        if len(rnd.parts) < len(rnd.plan.members) or rnd.result.done():
-            return
-        plan = rnd.plan
-        # the weights come from the parts' headers: the one reducer of this slice sees them as sent
-        given = [(p, got) for p in plan.members if (got := rnd.parts[p]) is not None]
-        contributions = [(p, t) for p, (t, _) in given]
-        weights = [w for _, (_, w) in given]
-        mine = rnd.parts[self._me]
-        own = None if mine is None else mine[0]
-
-        def reduce_and_encode() -> Buffer:
-            reduced = reduce_slice(
-                contributions,
-                *(own, rnd.n, plan.aggregator, plan.trim_fraction, plan.clip_factor),
-                weights=weights,
-                max_weight_ratio=plan.max_weight_ratio,
-            )
-            rnd.flagged.update(reduced.flagged)
-            capped = clamp_weights(weights, plan.max_weight_ratio)
-            for (peer, _), claimed, kept in zip(given, weights, capped, strict=True):
-                if kept < claimed:  # may be honest (a much faster peer): logged, not a suspicion
-                    logger.info(
-                        "[%s rev=%d] slice %d: %s claims %d inner steps, counted as %.4g",
-                        *(self._me[-6:], plan.revision, rnd.index, peer[-6:], claimed, kept),
-                    )
-            for peer, why in reduced.flagged.items():
-                logger.warning(
-                    "[%s rev=%d] slice %d: %s from %s (norm %.3g > bound %.3g)",
-                    *(self._me[-6:], plan.revision, rnd.index, why.value, peer),
-                    *(reduced.norms[peer], reduced.bound),
-                )
-            out = encode_view(reduced.value, plan.compression)
-            rnd.result_digest = hashlib.sha256(out).digest()
-            return out
-
-        out = await asyncio.get_running_loop().run_in_executor(None, reduce_and_encode)
-        for peer in rnd.parts:  # reduced: the parts' memory goes back now, not when the round ends
-            rnd.parts[peer] = None
-        self._call_hook("reduced", plan.revision)
-        if not rnd.result.done():
-            rnd.result.set_result(out)
+    async def _send_reduced(
+        self, rnd: _Round, writer: asyncio.StreamWriter, sock: socket.socket | None, replying: asyncio.Event
+    ) -> None:
+        """Send the reduced slice back piece by piece as it is made: on the stream, or on the sender's direct
+        connection with its sha256 after it on the stream."""
+        red, timeout = rnd.red, self._chunk_timeout
+        await red.piece(0)  # a round that fails before its first piece still answers with its reason
+        size = encoded_size(rnd.n, rnd.plan.compression)
+        replying.set()
+        if sock is None:
+            await write_head(writer, {"ok": True}, size, timeout)
+            channel: Channel = StreamChannel(None, writer, timeout)
+        else:
+            await write_frame(writer, {"ok": True, "bytes": size}, b"", timeout)
+            channel = SocketChannel(sock, timeout)
+        for k in range(len(red.pieces)):
+            await channel.send(await red.piece(k))
+        if sock is not None:
+            await write_frame(writer, {"ok": True, "sha256": red.digest}, b"", timeout)
 
     async def _serve_state(self, writer: asyncio.StreamWriter) -> None:
         snap = self._snapshot()
@@ -433,10 +410,14 @@ class SyncService:
     async def allreduce(self, plan: RoundPlan, flat: torch.Tensor, weight: int) -> AllReduceResult:
         """Run one round; return the reducers' bytes, or raise SyncAborted (never partial)."""
         index = plan.members.index(self._me)
-        rnd = _Round(plan, index)
+        # every slice lands in one buffer as its bytes arrive, hashed on the way: nothing to concatenate
+        average = np.empty(plan.n_elems, dtype=np.float32)
+        lo, hi = plan.bounds()[index]
+        rnd = _Round(plan, index, self._me, average[lo:hi], lambda: self._remaining(plan))
         self._rounds[plan.group_id] = rnd
+        background: list[asyncio.Future[None]] = []
         try:
-            return await self._allreduce(plan, rnd, flat, weight)
+            return await self._allreduce(plan, rnd, flat, weight, average, background)
         except SyncAborted as e:
             rnd.fail(e.reason, e.cause)
             raise
@@ -447,38 +428,34 @@ class SyncService:
             rnd.fail(type(e).__name__)
             raise SyncAborted(f"all-reduce failed: {type(e).__name__}: {e}") from None
         finally:
+            for t in background:
+                t.cancel()
             self._rounds.pop(plan.group_id, None)
             self._finished.append(plan.group_id)
 
-    async def _allreduce(self, plan: RoundPlan, rnd: _Round, flat: torch.Tensor, weight: int) -> AllReduceResult:
+    async def _allreduce(
+        self,
+        plan: RoundPlan,
+        rnd: _Round,
+        flat: torch.Tensor,
+        weight: int,
+        average: np.ndarray,
+        background: list[asyncio.Future[None]],
+    ) -> AllReduceResult:
         bounds = plan.bounds()
-        lo, hi = bounds[rnd.index]
-
-        def encode_all() -> tuple[list[Buffer], list[bytes], np.ndarray | None]:
-            if not weight:
-                return [b""] * len(bounds), [hashlib.sha256(b"").digest()] * len(bounds), None
-            # with compression "none" the parts are views of ``flat`` (no copies); own part as the others see it
-            parts = [encode_view(flat[a:b], plan.compression) for a, b in bounds]
-            digests = [hashlib.sha256(p).digest() if self._direct_send else b"" for p in parts]
-            if plan.compression == "none":  # the part as sent is the vector itself (nothing writes to it)
-                return parts, digests, as_array(flat[lo:hi])
-            own = np.empty(hi - lo, dtype=np.float32)
-            decode_into(parts[rnd.index], own, plan.compression)
-            return parts, digests, own
-
         loop = asyncio.get_running_loop()
-        parts, part_digests, own = await loop.run_in_executor(None, encode_all)
-        await self._add_part(rnd, self._me, weight, own)
-        # every slice lands in one buffer as its bytes arrive, hashed on the way: nothing to concatenate
-        average = np.empty(plan.n_elems, dtype=np.float32)
+        parts = await loop.run_in_executor(None, self._encode_parts, plan, flat, weight)
+        red = rnd.red
+        background.append(asyncio.ensure_future(red.run(lambda: self._call_hook("reduced", plan.revision))))
+        background.append(asyncio.ensure_future(self._feed_own(rnd, parts[rnd.index], weight)))
         tasks: list[asyncio.Future[bytes]] = []
         for j, (a, b) in enumerate(bounds):
             if j == rnd.index:
-                tasks.append(asyncio.ensure_future(self._own_slice(rnd, average[a:b])))
+                tasks.append(asyncio.ensure_future(self._own_slice(rnd)))
             else:
-                part = (parts[j], part_digests[j])
-                tasks.append(asyncio.ensure_future(self._exchange(plan, j, weight, part, average[a:b])))
-        for t in tasks:  # a task that fails after the round gave up on it must not log "never retrieved"
+                tasks.append(asyncio.ensure_future(self._exchange(plan, j, weight, parts[j], average[a:b])))
+        watched: list[asyncio.Future[Any]] = [*tasks, *background]
+        for t in watched:  # a task that fails after the round gave up on it: no "never retrieved"
             t.add_done_callback(lambda f: f.cancelled() or f.exception())
         done, pending = await asyncio.wait(tasks, timeout=self._remaining(plan), return_when=asyncio.FIRST_EXCEPTION)
         for t in pending:
@@ -492,22 +469,49 @@ class SyncService:
         # after its all-reduce then costs the others a missing vote, not a failed all-reduce
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(rnd.all_replied.wait(), min(self._chunk_timeout, self._remaining(plan)))
-        sent = sum(len(p) for j, p in enumerate(parts) if j != rnd.index)
-        total = sent + (len(plan.members) - 1) * encoded_size(hi - lo, plan.compression)
-        return AllReduceResult(average, [t.result() for t in tasks], total, dict(rnd.flagged))
+        sent = sum(p.size for j, p in enumerate(parts) if j != rnd.index)
+        total = sent + (len(plan.members) - 1) * encoded_size(rnd.n, plan.compression)
+        return AllReduceResult(average, [t.result() for t in tasks], total, dict(red.flagged))
 
-    async def _own_slice(self, rnd: _Round, dest: np.ndarray) -> bytes:
-        """Wait for this member's own reduction; decode it into ``dest``; return its bytes' sha256."""
-        data = await asyncio.shield(rnd.result)
+    def _encode_parts(self, plan: RoundPlan, flat: torch.Tensor, weight: int) -> list[Part]:
+        """This member's part of every slice: its pieces as sent, their sha256 (for a direct connection),
+        and the norm its owner will compute of them (what the header claims)."""
+        if not weight:
+            return [Part([], hashlib.sha256(b"").digest(), None) for _ in plan.bounds()]
+        parts = []
+        for a, b in plan.bounds():
+            # with compression "none" the pieces are views of ``flat`` (no copies)
+            pieces = encode_pieces(flat[a:b], plan.compression)
+            digest = b""
+            if self._direct_send:
+                hasher = hashlib.sha256()
+                for p in pieces:
+                    hasher.update(p)
+                digest = hasher.digest()
+            claim = norm(flat[a:b]) if plan.compression == "none" else decoded_norm(pieces, b - a, plan.compression)
+            parts.append(Part(pieces, digest, claim))
+        return parts
 
-        await asyncio.get_running_loop().run_in_executor(None, decode_into, data, dest, rnd.plan.compression)
-        return rnd.result_digest
+    async def _feed_own(self, rnd: _Round, part: Part, weight: int) -> None:
+        """This member's own part of its slice, piece by piece into its reduction (as the others see it)."""
+        red = rnd.red
+        try:
+            red.join(self._me, weight, part.claim)
+            for k, data in enumerate(part.pieces):
+                decode_into(data, await red.slot(self._me, k), rnd.plan.compression)
+                red.landed(self._me, k)
+            red.complete(self._me)
+        except SyncAborted as e:
+            red.fail(e.reason, e.cause)
 
-    async def _exchange(
-        self, plan: RoundPlan, j: int, weight: int, part: tuple[Buffer, bytes], dest: np.ndarray
-    ) -> bytes:
-        """Send this member's part of slice ``j`` (bytes, sha256) to its owner; decode the reduced slice it
-        returns into ``dest`` as it streams in; return the sha256 of that slice's bytes."""
+    async def _own_slice(self, rnd: _Round) -> bytes:
+        """Wait for this member's own reduction (it lands in the average itself); return its bytes' sha256."""
+        await rnd.red.done()
+        return rnd.red.digest
+
+    async def _exchange(self, plan: RoundPlan, j: int, weight: int, part: Part, dest: np.ndarray) -> bytes:
+        """Send this member's part of slice ``j`` to its owner while the reduced slice it returns streams into
+        ``dest``; return the sha256 of that slice's bytes."""
         if self._call_hook("send", plan.revision) == "drop":
             await asyncio.sleep(self._remaining(plan))
             raise SyncAborted("all-reduce timeout (part dropped)", AbortCause.ALLREDUCE_TIMEOUT)
@@ -521,29 +525,56 @@ class SyncService:
             host = None
         sock: socket.socket | None = None
         try:
-            header = {"op": "part", "group": plan.group_id, "revision": plan.revision, "slice": j, "weight": weight}
+            header: dict[str, Any] = {"op": "part", "group": plan.group_id, "revision": plan.revision, "slice": j}
+            header["weight"] = weight
+            if weight:
+                header["norm"] = part.claim
             if host is None:
-                await write_frame(writer, header, part[0], self._chunk_timeout)
+                await write_head(writer, header, part.size, self._chunk_timeout)
             else:
                 sock = await self._send_direct(plan, peer, host, header, part, reader, writer)
-            self._call_hook("sent", plan.revision)
-            reply = await read_header(reader, self._remaining(plan))
-            check_ok(reply)
-            expected = encoded_size(dest.size, plan.compression)
-            hasher = hashlib.sha256()
-            if sock is None:
-                if reply["size"] != expected:
-                    raise BadBytes(f"slice {j} of {reply['size']} bytes, expected {expected}")
-                await read_vector(reader, dest, plan.compression, self._chunk_timeout, hasher)
-                return hasher.digest()
-            digest = reply.get("sha256")
-            if reply.get("bytes") != expected or reply["size"] != 0 or not isinstance(digest, bytes):
-                raise BadBytes(f"slice {j} of {reply.get('bytes')} bytes, expected {expected}, with a sha256")
-            await direct.recv_vector(sock, dest, plan.compression, self._chunk_timeout, digest)
-            return digest
+            if sock is not None:
+                channel: Channel = SocketChannel(sock, self._chunk_timeout)
+            else:
+                channel = StreamChannel(reader, writer, self._chunk_timeout)
+            receive = self._receive_reduced(plan, j, reader, sock, channel, dest)
+            return await both(receive, self._send_part(plan, channel, part))
         finally:
             writer.close()
             direct.close(sock)
+
+    async def _send_part(self, plan: RoundPlan, channel: Channel, part: Part) -> None:
+        await send_pieces(channel, part.pieces)
+        self._call_hook("sent", plan.revision)
+
+    async def _receive_reduced(
+        self,
+        plan: RoundPlan,
+        j: int,
+        reader: asyncio.StreamReader,
+        sock: socket.socket | None,
+        channel: Channel,
+        dest: np.ndarray,
+    ) -> bytes:
+        """The reduced slice ``j`` into ``dest`` as it streams in; the sha256 of its bytes (checked against the
+        one the owner sends after them on the stream, when they came on a direct connection)."""
+        reply = await read_header(reader, self._remaining(plan))
+        check_ok(reply)
+        expected = encoded_size(dest.size, plan.compression)
+        hasher = hashlib.sha256()
+        if sock is None:
+            if reply["size"] != expected:
+                raise BadBytes(f"slice {j} of {reply['size']} bytes, expected {expected}")
+            await recv_pieces(channel, dest, plan.compression, hasher)
+            return hasher.digest()
+        if reply.get("bytes") != expected or reply["size"] != 0:
+            raise BadBytes(f"slice {j} of {reply.get('bytes')} bytes, expected {expected}")
+        await recv_pieces(channel, dest, plan.compression, hasher)
+        trailer = await read_header(reader, self._remaining(plan))
+        check_ok(trailer)
+        if trailer.get("sha256") != hasher.digest():
+            raise BadBytes("payload does not match its sha256")
+        return hasher.digest()
 
     async def _send_direct(
         self,
@@ -551,39 +582,32 @@ class SyncService:
         peer: str,
         host: str,
         header: dict[str, Any],
-        part: tuple[Buffer, bytes],
+        part: Part,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> socket.socket | None:
-        """Announce the part's sha256, take the owner's ticket, send the part on a direct connection to the
-        address of this stream's connection. Returns the connection, or None after sending on the stream
+        """Announce the part's sha256, take the owner's ticket, and open a direct connection to the address of
+        this stream's connection. Returns the connection, or None after announcing the part on the stream
         because the owner could not be reached (then not tried again for ``INDIRECT_FOR_S``)."""
         me, rev = self._me[-6:], plan.revision
-        await write_frame(writer, {**header, "direct": True, "sha256": part[1]}, b"", self._chunk_timeout)
+        await write_frame(writer, {**header, "direct": True, "sha256": part.digest}, b"", self._chunk_timeout)
         offer = await read_header(reader, self._remaining(plan))
         check_ok(offer)
         port, ticket = offer.get("port"), offer.get("ticket")
         if port == 0:  # the owner takes payloads on streams only
-            await write_frame(writer, {"op": "inline"}, part[0], self._chunk_timeout)
+            await write_head(writer, {"op": "inline"}, part.size, self._chunk_timeout)
             return None
         if not (isinstance(port, int) and 0 < port < 65536 and isinstance(ticket, bytes) and len(ticket) == 16):
             raise BadBytes("malformed direct offer")
         try:
-            sock = await direct.connect(host, port, ticket, min(direct.CONNECT_TIMEOUT_S, self._remaining(plan)))
+            return await direct.connect(host, port, ticket, min(direct.CONNECT_TIMEOUT_S, self._remaining(plan)))
         except (OSError, TimeoutError) as e:
             # not reachable (NAT, a relay), or turned away before the owner took the ticket (its greeting
             # slots all taken by a flood): no ACK, so the owner is still waiting for either path
             why = type(e).__name__
             logger.info("[%s rev=%d] %s not reachable directly (%s): sending on the stream", me, rev, peer[-6:], why)
             self._indirect[peer] = time.monotonic() + INDIRECT_FOR_S
-        else:
-            try:
-                await direct.send(sock, part[0], self._chunk_timeout)
-            except BaseException:
-                direct.close(sock)
-                raise
-            return sock
-        await write_frame(writer, {"op": "inline"}, part[0], self._chunk_timeout)
+        await write_head(writer, {"op": "inline"}, part.size, self._chunk_timeout)
         return None
 
     async def ping(self, peer: str, timeout: float) -> bool:

@@ -23,6 +23,9 @@ RULE_FIELDS = (
     "max_update",
 )  # fmt: skip
 """The settings that decide a round's new state from its members' parts (see :meth:`OuterSyncConfig.rule`)."""
+ALLREDUCE_WIRE = 2
+"""The all-reduce's wire format (2: parts and reduced slices streamed piece by piece, each part claiming its
+norm: :mod:`swarm.sync.pieces`); in the rule, so peers of different formats never meet in a group."""
 
 
 class SyncOutcome(StrEnum):
@@ -130,7 +133,8 @@ class OuterSyncConfig:
         default="centered_clip",
         metadata={
             "help": "Slice reducer over the (norm-clipped) parts: mean, trimmed_mean, median (coordinate-wise) "
-            "or centered_clip (Karimireddy et al. 2021); the robust rules need 3+ parts, else the mean. "
+            "or centered_clip (Karimireddy et al. 2021, on each piece of 2^18 values as the parts stream in); "
+            "the robust rules need 3+ parts, else the mean. "
             "centered_clip by default: clipping and the step cap bound a member's size, not its direction, "
             "and under the mean one member sending minus the group's progress at the bound reverses it."
         },
@@ -288,7 +292,7 @@ class OuterSyncConfig:
         carries this rule (:func:`swarm.fingerprint.sync_fingerprint`) and they never meet. The wire
         encoding is in the join key already.
         """
-        return ",".join(f"{name}={getattr(self, name)!r}" for name in RULE_FIELDS)
+        return ",".join(f"{name}={getattr(self, name)!r}" for name in RULE_FIELDS) + f",wire={ALLREDUCE_WIRE}"
 
     def transfer_s(self, nbytes: float) -> float:
         """Seconds ``nbytes`` take each way at ``min_link_mbit``, a quarter more for headers and acknowledgements."""

@@ -7,7 +7,9 @@ norm, and as the reducer of its own slice may return anything. Three layers:
    median part norm (x its own part's norm when only two parts are present),
    names the members it clipped, caps every claimed weight (inner steps) at
    ``max_weight_ratio`` x the median claim (:func:`clamp_weights`), then
-   aggregates with the selected rule.
+   aggregates with the selected rule. A round's reducer applies the same rule
+   piece by piece as parts stream in (:mod:`swarm.sync.pieces`): the clip from
+   the whole parts' norms, ``centered_clip`` per piece.
 2. :func:`check_slice` (every member, on every reduced slice it receives)
    refuses a slice whose norm exceeds ``clip_factor`` x the norm of its own
    part of that slice: the member votes abort and the group discards.
@@ -105,12 +107,23 @@ def _norm(a: np.ndarray, b: np.ndarray | None) -> float:
         src = a[start : start + piece.size]
         if b is not None and diff is not None:
             src = np.subtract(src, b[start : start + piece.size], out=diff[: piece.size])
-        np.copyto(piece, src)
-        # square and pairwise-sum in place: no BLAS call (numpy's dot wakes OpenBLAS threads that
-        # spin on every core after each call: nearly 2x the round's CPU with 4 peers)
-        np.multiply(piece, piece, out=piece)
-        total += float(np.add.reduce(piece))
+        total += _square_sum(src, piece)
     return math.sqrt(total)
+
+
+def _square_sum(src: np.ndarray, block: np.ndarray) -> float:
+    np.copyto(block, src)
+    # square and pairwise-sum in place: no BLAS call (numpy's dot wakes OpenBLAS threads that
+    # spin on every core after each call: nearly 2x the round's CPU with 4 peers)
+    np.multiply(block, block, out=block)
+    return float(np.add.reduce(block))
+
+
+def square_sum(block: np.ndarray) -> float:
+    """The float64 sum of squares of at most ``NORM_BLOCK`` values, exactly as :func:`norm` sums one block:
+    a norm summed block by block from the start of a vector is :func:`norm` of it, to the bit."""
+    assert block.size <= NORM_BLOCK
+    return _square_sum(block.reshape(-1), np.empty(block.size, dtype=np.float64))
 
 
 def clip_to(x: torch.Tensor, bound: float) -> torch.Tensor:
@@ -302,21 +315,37 @@ def reduce_slice(
     """Clip each ``(peer, part)`` (member order) to the norm bound, cap ``weights`` (each part's claimed
     inner steps; None: all equal), then aggregate with ``rule``."""
     norms = [norm(t) for _, t in parts]
-    bound = norm_bound(norms, None if own is None else norm(own), clip_factor)
+    bound, scales, flagged = clip_plan(
+        [(peer, t_norm) for (peer, _), t_norm in zip(parts, norms, strict=True)],
+        None if own is None else norm(own),
+        clip_factor,
+    )
+    flagged_norms = {peer: t_norm for (peer, _), t_norm in zip(parts, norms, strict=True) if peer in flagged}
+    clipped = [t if peer not in scales else _scale(t, scales[peer]) for peer, t in parts]
+    capped = None if weights is None else clamp_weights(weights, max_weight_ratio)
+    return Reduced(aggregate(clipped, n, rule, trim_fraction, capped), flagged, flagged_norms, bound)
+
+
+def clip_plan(
+    norms: Sequence[tuple[str, float]], own: float | None, clip_factor: float
+) -> tuple[float | None, dict[str, float], dict[str, Suspicion]]:
+    """The norm bound, each clipped part's scale (``bound / its norm``, as :func:`clip_to` scales it) and
+    why each clipped part was clipped, from the parts' norms (member order) and the reducer's own."""
+    bound = norm_bound([t for _, t in norms], own, clip_factor)
+    scales: dict[str, float] = {}
     flagged: dict[str, Suspicion] = {}
-    flagged_norms: dict[str, float] = {}
-    clipped: list[torch.Tensor] = []
-    for (peer, t), t_norm in zip(parts, norms, strict=True):
+    for peer, t_norm in norms:
         if bound is not None and t_norm > bound:
             # past clip_factor x the bound (16x the median by default) is no honest spread: garbage,
             # and a member sending it whole sends it to every reducer, so every honest one bans it
-            gross = len(parts) >= 3 and t_norm > clip_factor * bound  # 2 parts: no telling who is off
+            gross = len(norms) >= 3 and t_norm > clip_factor * bound  # 2 parts: no telling who is off
             flagged[peer] = Suspicion.GARBAGE_PART if gross else Suspicion.CLIPPED_PART
-            flagged_norms[peer] = t_norm
-            t = clip_to(t, bound)
-        clipped.append(t)
-    capped = None if weights is None else clamp_weights(weights, max_weight_ratio)
-    return Reduced(aggregate(clipped, n, rule, trim_fraction, capped), flagged, flagged_norms, bound)
+            scales[peer] = bound / t_norm
+    return bound, scales, flagged
+
+
+def _scale(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.from_numpy(np.multiply(as_array(x), np.float32(scale)))
 
 
 def check_slice(

@@ -30,16 +30,22 @@ async def write_frame(
     writer: asyncio.StreamWriter, header: dict[str, Any], payload: Buffer, chunk_timeout: float
 ) -> int:
     """Write one frame; return the number of bytes written."""
-    head = codec.pack({**header, "size": len(payload)})
-    if len(head) > MAX_HEADER_BYTES:
-        raise ValueError(f"frame header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}")
-    writer.write(len(head).to_bytes(4, "big") + head)
-    await asyncio.wait_for(writer.drain(), chunk_timeout)
+    head_bytes = await write_head(writer, header, len(payload), chunk_timeout)
     view = memoryview(payload)
     for start in range(0, len(view), CHUNK_BYTES):
         writer.write(view[start : start + CHUNK_BYTES])
         await asyncio.wait_for(writer.drain(), chunk_timeout)
-    return 4 + len(head) + len(payload)
+    return head_bytes + len(payload)
+
+
+async def write_head(writer: asyncio.StreamWriter, header: dict[str, Any], size: int, chunk_timeout: float) -> int:
+    """Write a frame's header alone, announcing ``size`` payload bytes that the caller writes next."""
+    head = codec.pack({**header, "size": size})
+    if len(head) > MAX_HEADER_BYTES:
+        raise ValueError(f"frame header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}")
+    writer.write(len(head).to_bytes(4, "big") + head)
+    await asyncio.wait_for(writer.drain(), chunk_timeout)
+    return 4 + len(head)
 
 
 async def read_header(reader: asyncio.StreamReader, timeout: float) -> dict[str, Any]:
