@@ -58,10 +58,10 @@ from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.dialhints import DialHints
 from swarm.sync.direct import host_of
 from swarm.sync.errors import BadBytes, GroupMismatch, PeerLost
-from swarm.sync.pieces import SliceReduction, decoded_norm, encode_pieces
+from swarm.sync.pieces import Part, SliceReduction
 from swarm.sync.records import valid_origin
-from swarm.sync.robust import Suspicion, norm
-from swarm.sync.tensors import Buffer, decode_into, encoded_size, from_bytes, slice_bounds, to_bytes
+from swarm.sync.robust import Suspicion, as_array, norm
+from swarm.sync.tensors import decode_into, encoded_size, from_bytes, slice_bounds, to_bytes
 from swarm.sync.tensors import state_hash as compute_state_hash
 from swarm.sync.wire import check_ok, check_weight, read_header, read_payload, send_error, write_frame, write_head
 
@@ -126,20 +126,8 @@ class AllReduceResult:
     bytes_sent: int
     flagged: dict[str, Suspicion] = field(default_factory=dict)
     """Members whose parts this member, as reducer of its slice, clipped."""
-
-
-@dataclass(frozen=True)
-class Part:
-    """This member's part of one slice as it goes out: encoded pieces, their sha256, the norm it claims."""
-
-    pieces: list[Buffer]
-    digest: bytes
-    claim: float | None
-    """The norm its owner computes of the decoded part (None for no part)."""
-
-    @property
-    def size(self) -> int:
-        return sum(memoryview(p).nbytes for p in self.pieces)
+    own_norms: list[float] = field(default_factory=list)
+    """The norm of this member's part of each slice, as it was before the round (empty for weight 0)."""
 
 
 class _Round:
@@ -407,11 +395,18 @@ class SyncService:
 
     # ---- calling side -------------------------------------------------------------------------
 
-    async def allreduce(self, plan: RoundPlan, flat: torch.Tensor, weight: int) -> AllReduceResult:
-        """Run one round; return the reducers' bytes, or raise SyncAborted (never partial)."""
+    async def allreduce(
+        self, plan: RoundPlan, flat: torch.Tensor, weight: int, in_place: bool = False
+    ) -> AllReduceResult:
+        """Run one round; return the reducers' bytes, or raise SyncAborted (never partial).
+
+        ``in_place``: the average is written into ``flat``'s own memory (it is lost, whatever the outcome).
+        Safe for what is sent: a reduced piece of slice j comes back only once its owner holds this member's
+        piece of it, so every byte of ``flat`` it overwrites has been sent.
+        """
         index = plan.members.index(self._me)
         # every slice lands in one buffer as its bytes arrive, hashed on the way: nothing to concatenate
-        average = np.empty(plan.n_elems, dtype=np.float32)
+        average = as_array(flat) if in_place else np.empty(plan.n_elems, dtype=np.float32)
         lo, hi = plan.bounds()[index]
         rnd = _Round(plan, index, self._me, average[lo:hi], lambda: self._remaining(plan))
         self._rounds[plan.group_id] = rnd
@@ -444,7 +439,7 @@ class SyncService:
     ) -> AllReduceResult:
         bounds = plan.bounds()
         loop = asyncio.get_running_loop()
-        parts = await loop.run_in_executor(None, self._encode_parts, plan, flat, weight)
+        parts, own_norms = await loop.run_in_executor(None, self._encode_parts, plan, flat, weight)
         red = rnd.red
         background.append(asyncio.ensure_future(red.run(lambda: self._call_hook("reduced", plan.revision))))
         background.append(asyncio.ensure_future(self._feed_own(rnd, parts[rnd.index], weight)))
@@ -471,33 +466,24 @@ class SyncService:
             await asyncio.wait_for(rnd.all_replied.wait(), min(self._chunk_timeout, self._remaining(plan)))
         sent = sum(p.size for j, p in enumerate(parts) if j != rnd.index)
         total = sent + (len(plan.members) - 1) * encoded_size(rnd.n, plan.compression)
-        return AllReduceResult(average, [t.result() for t in tasks], total, dict(red.flagged))
+        return AllReduceResult(average, [t.result() for t in tasks], total, dict(red.flagged), own_norms)
 
-    def _encode_parts(self, plan: RoundPlan, flat: torch.Tensor, weight: int) -> list[Part]:
-        """This member's part of every slice: its pieces as sent, their sha256 (for a direct connection),
-        and the norm its owner will compute of them (what the header claims)."""
+    def _encode_parts(self, plan: RoundPlan, flat: torch.Tensor, weight: int) -> tuple[list[Part], list[float]]:
+        """This member's part of every slice (the sha256 of its bytes for a direct connection, the norm its
+        owner will compute of them), and each part's own norm."""
         if not weight:
-            return [Part([], hashlib.sha256(b"").digest(), None) for _ in plan.bounds()]
-        parts = []
-        for a, b in plan.bounds():
-            # with compression "none" the pieces are views of ``flat`` (no copies)
-            pieces = encode_pieces(flat[a:b], plan.compression)
-            digest = b""
-            if self._direct_send:
-                hasher = hashlib.sha256()
-                for p in pieces:
-                    hasher.update(p)
-                digest = hasher.digest()
-            claim = norm(flat[a:b]) if plan.compression == "none" else decoded_norm(pieces, b - a, plan.compression)
-            parts.append(Part(pieces, digest, claim))
-        return parts
+            return [Part.of(None, plan.compression, False) for _ in plan.bounds()], []
+        parts = [Part.of(flat[a:b], plan.compression, self._direct_send) for a, b in plan.bounds()]
+        if plan.compression == "none":
+            return parts, [p.claim or 0.0 for p in parts]
+        return parts, [norm(flat[a:b]) for a, b in plan.bounds()]
 
     async def _feed_own(self, rnd: _Round, part: Part, weight: int) -> None:
         """This member's own part of its slice, piece by piece into its reduction (as the others see it)."""
         red = rnd.red
         try:
             red.join(self._me, weight, part.claim)
-            for k, data in enumerate(part.pieces):
+            for k, data in enumerate(part.pieces()):
                 decode_into(data, await red.slot(self._me, k), rnd.plan.compression)
                 red.landed(self._me, k)
             red.complete(self._me)
@@ -544,7 +530,7 @@ class SyncService:
             direct.close(sock)
 
     async def _send_part(self, plan: RoundPlan, channel: Channel, part: Part) -> None:
-        await send_pieces(channel, part.pieces)
+        await send_pieces(channel, part.pieces())
         self._call_hook("sent", plan.revision)
 
     async def _receive_reduced(

@@ -29,17 +29,16 @@ class Assembled:
     digest: str
     """What this member votes: sha256 over the round and every slice's exact bytes."""
     sent: int
-    pseudo: torch.Tensor | None
-    """This member's own contribution (None when it sent weight 0)."""
+    own_norm: float | None
+    """The norm of this member's own contribution (None when it sent weight 0)."""
     suspects: dict[str, Suspicion]
     refusal: Suspicion | None
     """Set when a reduced slice failed :func:`check_slice`: this member must vote abort."""
 
 
-def assemble(
-    plan: RoundPlan, snap: Snapshot, pseudo: torch.Tensor, weight: int, result: AllReduceResult, max_update: float
-) -> Assembled:
-    """Check every reduced slice against this member's own part, and digest the exact bytes."""
+def assemble(plan: RoundPlan, snap: Snapshot, weight: int, result: AllReduceResult, max_update: float) -> Assembled:
+    """Check every reduced slice against this member's own part (its norm, ``result.own_norms``), and digest
+    the exact bytes."""
     h = hashlib.sha256(f"{plan.group_id}|{plan.revision}|{plan.compression}".encode())
     suspects: dict[str, Suspicion] = dict(result.flagged)
     refusal: Suspicion | None = None
@@ -52,12 +51,12 @@ def assemble(
         piece = torch.from_numpy(average[lo:hi])
         # the slice's own anchor norm, or its share of the whole (a slice of zero-initialised biases)
         floor = max_update * max(slice_norms[j], whole * math.sqrt((hi - lo) / max(n, 1)))
-        problem = check_slice(piece, pseudo[lo:hi] if weight else None, plan.clip_factor, floor)
+        problem = check_slice(piece, result.own_norms[j] if weight else None, plan.clip_factor, floor)
         if problem is not None:
             # the reducer of slice j returned an implausible average: name it, and refuse the round
             suspects[plan.members[j]] = problem
             refusal = problem
-    own = pseudo if weight else None
+    own = math.sqrt(math.fsum(x * x for x in result.own_norms)) if weight else None
     return Assembled(torch.from_numpy(average), h.hexdigest(), result.bytes_sent, own, suspects, refusal)
 
 
@@ -73,8 +72,8 @@ def next_state(
     # the average is used up here (its memory holds the update): one vector fewer at the round's peak
     anchor, momentum = outer_step(snap.anchor, snap.momentum, got.average, cfg.outer_lr, mu, cfg.nesterov, True)
     bound = None
-    if got.pseudo is not None:
-        own, m = norm(got.pseudo), norm(snap.momentum)
+    if got.own_norm is not None:
+        own, m = got.own_norm, norm(snap.momentum)
         bound = max_step(own, m, cfg.outer_lr, mu, cfg.nesterov, cfg.clip_factor)
     problem = check_step(snap.anchor, anchor, momentum, bound, cfg.max_update * norm(snap.anchor))
     origin = next_origin(snap.origin, state_hash(anchor, momentum) if not snap.origin else "")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -58,7 +58,7 @@ class SocketChannel:
         await direct.recv_into(self._sock, dest, self._timeout, hasher)
 
 
-async def send_pieces(channel: Channel, pieces: Sequence[Buffer]) -> None:
+async def send_pieces(channel: Channel, pieces: Iterable[Buffer]) -> None:
     for data in pieces:
         await channel.send(data)
 

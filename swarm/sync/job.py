@@ -30,6 +30,10 @@ class SyncJob:
     """Inner steps trained since ``base`` (a catch-up keeps them: see :meth:`OuterSync.apply`)."""
     step: int | None = None
     """The caller's inner step when the job was taken (None: not told); a commit makes it the anchor's step."""
+    blocking: bool = False
+    """Nothing trains until the outcome is applied (:meth:`OuterSync.sync_now`): the round writes the average
+    into ``pseudo``'s memory (one model-sized vector fewer at its peak), and a commit sets the weights to the
+    new anchor, which is what ``(now - anchor) + pseudo + new anchor`` gives when nothing was trained."""
 
     @classmethod
     def taken(cls, base: Snapshot, weights: torch.Tensor, steps: int = 1, step: int | None = None) -> SyncJob:
@@ -51,7 +55,7 @@ class SyncJob:
         out = as_array(pseudo)
         np.add(out, as_array(base.anchor), out=out)
         np.subtract(out, as_array(self.base.anchor), out=out)
-        return SyncJob(base, pseudo, self.steps, self.step)
+        return SyncJob(base, pseudo, self.steps, self.step, self.blocking)
 
     @property
     def weight(self) -> int:
@@ -109,6 +113,9 @@ def _apply_slice(outcome: RoundOutcome, out: np.ndarray, offset: int) -> None:
     """
     assert outcome.installed is not None
     job, end = outcome.job, offset + out.size
+    if job.blocking and outcome.report.committed:  # the round spent ``pseudo``; nothing was trained since
+        np.copyto(out, as_array(outcome.installed.anchor)[offset:end])
+        return
     np.subtract(out, as_array(job.base.anchor)[offset:end], out=out)
     if outcome.report.committed:
         np.add(out, as_array(job.pseudo)[offset:end], out=out)

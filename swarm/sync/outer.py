@@ -251,7 +251,7 @@ class OuterSync:
 
     def sync_now(self, inner_step: int | None = None) -> SyncReport:
         """Catch up if needed, run one round and apply its outcome; never raises SyncAborted (see the report)."""
-        outcome = self.run(self.prepare(inner_step))
+        outcome = self.run(replace(self.prepare(inner_step), blocking=True))
         self.apply(outcome)
         return outcome.report
 
@@ -327,7 +327,7 @@ class OuterSync:
         self._prober.reset(self._snap.revision)
         parent = self._snap.state_hash
         try:
-            report = self._round(t0, job.pseudo, caught_up, job.weight)
+            report = self._round(t0, job, caught_up)
         except SyncAborted as e:
             self._log(logging.WARNING, "round aborted: %s", e.reason)
             report = self._report(t0, e.cause, 0, 0, caught_up)
@@ -399,10 +399,10 @@ class OuterSync:
 
     # ---- one round ----------------------------------------------------------------------------
 
-    def _round(self, t0: float, pseudo: torch.Tensor, caught_up: bool, weight: int) -> SyncReport:
+    def _round(self, t0: float, job: SyncJob, caught_up: bool) -> SyncReport:
         snap = self._snap
-        # weight: the inner steps since the anchor, 0 if nothing was trained (SyncJob.weight). A peer
-        # that just caught up contributes the progress it keeps (apply() re-applies it on the new anchor).
+        # the job's weight: the inner steps since the anchor, 0 if nothing was trained (SyncJob.weight). A
+        # peer that just caught up contributes the progress it keeps (apply() re-applies it on the new anchor).
         self._records.skip = self._catchup.skip(snap)
         self._mark(SyncPhase.MATCHMAKE)
         decision = self._records.matchmake(snap.revision, snap.state_hash, self._prober, self._leaving.is_set)
@@ -418,7 +418,7 @@ class OuterSync:
         deadline = plan.deadline + self.cfg.commit_timeout_s
         t_ar = self._mark(SyncPhase.ALLREDUCE)
         try:
-            got = self._allreduce(plan, snap, pseudo, weight)
+            got = self._allreduce(plan, snap, job)
         except SyncAborted as e:
             self._records.vote(plan, ABORT_DIGEST)
             self._log(logging.WARNING, "all-reduce failed: %s; discarding the round", e.reason)
@@ -526,13 +526,14 @@ class OuterSync:
         self._log(logging.INFO, "group %s of %d: %s", plan.group_id[:8], len(plan.members), short)
         return plan
 
-    def _allreduce(self, plan: RoundPlan, snap: Snapshot, pseudo: torch.Tensor, weight: int) -> Assembled:
+    def _allreduce(self, plan: RoundPlan, snap: Snapshot, job: SyncJob) -> Assembled:
         timeout = max(0.1, plan.deadline - self._clock()) + 2.0
+        weight = job.weight  # read before the round: a blocking one writes the average over the job's part
         try:
-            result = self._membership.run(self._service.allreduce(plan, pseudo, weight), timeout)
+            result = self._membership.run(self._service.allreduce(plan, job.pseudo, weight, job.blocking), timeout)
         except TimeoutError:
             raise SyncAborted("all-reduce timeout") from None
-        got = assemble(plan, snap, pseudo, weight, result, self.cfg.max_update)
+        got = assemble(plan, snap, weight, result, self.cfg.max_update)
         for peer, why in got.suspects.items():
             self._log(logging.WARNING, "suspect %s in group %s: %s", peer, plan.group_id[:8], why.value)
         return got

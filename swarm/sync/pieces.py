@@ -22,7 +22,7 @@ import asyncio
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +30,7 @@ import torch
 
 from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.errors import BadBytes, GroupMismatch
-from swarm.sync.robust import NORM_BLOCK, Suspicion, aggregate, clamp_weights, clip_plan, square_sum
+from swarm.sync.robust import NORM_BLOCK, Suspicion, aggregate, clamp_weights, clip_plan, norm, square_sum
 from swarm.sync.tensors import LITTLE_ENDIAN, Buffer, decode_into, encode_view, encoded_size
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,49 @@ def decoded_norm(pieces: Sequence[Buffer], n: int, compression: str) -> float:
         decode_into(data, out, compression)
         total += square_sum(out)
     return math.sqrt(total)
+
+
+@dataclass(frozen=True)
+class Part:
+    """A member's part of one slice as it goes out, encoded piece by piece as it is sent (a compressed part is
+    never held whole), with the sha256 of its bytes and the norm its owner will compute of it (the header's
+    claim). ``source`` must not change until it is sent."""
+
+    source: torch.Tensor | None
+    """The part's values (None: no part, weight 0)."""
+    compression: str
+    digest: bytes
+    claim: float | None
+
+    @classmethod
+    def of(cls, source: torch.Tensor | None, compression: str, digest: bool) -> Part:
+        """The part of ``source``: one pass over its encoded pieces for the claim and (if ``digest``) the sha256."""
+        hasher = hashlib.sha256()
+        if source is None:
+            return cls(None, compression, hasher.digest(), None)
+        part = cls(source, compression, b"", None)
+        if compression == "none" and LITTLE_ENDIAN:  # the pieces are views of the values themselves
+            claim = norm(source)
+            for data in part.pieces() if digest else ():
+                hasher.update(data)
+        else:
+            scratch, squares = np.empty(min(source.numel(), PIECE_ELEMS), dtype=np.float32), 0.0
+            for (a, b), data in zip(piece_bounds(source.numel()), part.pieces(), strict=True):
+                hasher.update(data)
+                decode_into(data, scratch[: b - a], compression)
+                squares += square_sum(scratch[: b - a])
+            claim = math.sqrt(squares)
+        return cls(source, compression, hasher.digest() if digest else b"", claim)
+
+    def pieces(self) -> Iterator[Buffer]:
+        """The part's bytes on the wire, one encoded piece at a time."""
+        if self.source is not None:
+            for a, b in piece_bounds(self.source.numel()):
+                yield encode_view(self.source[a:b], self.compression)
+
+    @property
+    def size(self) -> int:
+        return 0 if self.source is None else encoded_size(self.source.numel(), self.compression)
 
 
 @dataclass

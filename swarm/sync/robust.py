@@ -349,7 +349,7 @@ def _scale(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 def check_slice(
-    reduced: torch.Tensor, own: torch.Tensor | None, clip_factor: float, floor: float = 0.0
+    reduced: torch.Tensor, own: torch.Tensor | float | None, clip_factor: float, floor: float = 0.0
 ) -> Suspicion | None:
     """Whether a received reduced slice is plausible: finite, and within ``clip_factor`` x our own part
     or ``floor``, whichever is larger.
@@ -357,11 +357,12 @@ def check_slice(
     Why both: a member that barely trained this round (its groups had no
     signal) has a tiny own part, and honest peers' averages dwarf it; the
     ``floor`` (a share of the anchor's own norm, see ``OuterSyncConfig.max_update``)
-    keeps it from refusing them. Without either scale only finiteness is checked.
+    keeps it from refusing them. Without either scale only finiteness is checked. ``own``: our part, or
+    its norm.
     """
     if not finite(reduced):
         return Suspicion.REDUCED_NOT_FINITE
-    own_norm = 0.0 if own is None else norm(own)
+    own_norm = 0.0 if own is None else own if isinstance(own, float) else norm(own)
     limit = max(clip_factor * own_norm, floor)
     if limit > 0 and norm(reduced) > limit * (1 + 1e-6):
         return Suspicion.REDUCED_TOO_LARGE

@@ -69,15 +69,16 @@ async def _pair(
                 child._transport.close()
 
 
-async def _round(sa: SyncService, sb: SyncService, flats: tuple[torch.Tensor, torch.Tensor]) -> list[Any]:
+async def _round(
+    sa: SyncService, sb: SyncService, flats: tuple[torch.Tensor, torch.Tensor], in_place: bool = False
+) -> list[Any]:
     """Both members run one round of the same plan; their results (or the SyncAborted each raised)."""
     members = tuple(sorted([sa._me, sb._me]))
     plan = RoundPlan("g" * 32, 0, members, N, "none", "mean", 0.2, time.time() + 20.0)
     for s, other in ((sa, sb), (sb, sa)):
         s.expect(0, [other._me])
-    return list(
-        await asyncio.gather(sa.allreduce(plan, flats[0], 3), sb.allreduce(plan, flats[1], 3), return_exceptions=True)
-    )
+    rounds = (sa.allreduce(plan, flats[0], 3, in_place), sb.allreduce(plan, flats[1], 3, in_place))
+    return list(await asyncio.gather(*rounds, return_exceptions=True))
 
 
 def _flats() -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,6 +106,24 @@ def test_direct_payloads_give_the_same_bits_as_the_stream() -> None:
             assert np.array_equal(r.average, results[0].average)
             assert r.digests == results[0].digests  # the vote digests do not depend on the path
         assert np.allclose(results[0].average, expected, atol=1e-6)
+
+    _run(body)
+
+
+@pytest.mark.parametrize("hosts", [("127.0.0.1", "127.0.0.1"), (None, None)])
+def test_an_average_written_over_the_part_is_the_same_average(hosts: tuple[str | None, str | None]) -> None:
+    """A blocking sync's round writes the average into the part's own memory: the same bits as into a buffer
+    of its own (every byte it overwrites was sent before), on either path."""
+
+    async def body() -> None:
+        async with _pair(*hosts) as (sa, sb):
+            apart = await _round(sa, sb, _flats())
+            flats = _flats()
+            over = await _round(sa, sb, flats, in_place=True)
+        assert all(isinstance(r, AllReduceResult) for r in [*apart, *over]), [*apart, *over]
+        for i in range(2):
+            assert over[i].average.tobytes() == apart[i].average.tobytes() == flats[i].numpy().tobytes()
+            assert over[i].digests == apart[i].digests and over[i].own_norms == apart[i].own_norms
 
     _run(body)
 
