@@ -307,6 +307,11 @@ class SyncService:
                 logger.debug("[%s] cut a reply to %s: %s", self._me[-6:], sender[-6:], rnd.red.failed or e)
                 return
             raise
+        except Exception as e:  # a connection error: the same, and the round goes on for the others
+            if replying.is_set():
+                logger.debug("[%s] lost the reply to %s: %s", self._me[-6:], sender[-6:], type(e).__name__)
+                return
+            raise
         finally:
             if joined:
                 rnd.reply_done()
