@@ -103,10 +103,6 @@ def _say(line: str) -> None:
         pass
 
 
-def _note(signum: int, frame: FrameType | None) -> None:
-    """Installed so that the C-level handler writes to the wakeup fd; the watcher thread does the work."""
-
-
 class StopSignals:
     """SIGINT/SIGTERM handling of one process; see the module docstring."""
 
@@ -123,7 +119,7 @@ class StopSignals:
         """Install the handlers and start the watcher (main thread only)."""
         global _forks_die_with_us
         self._old_fd = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
-        self._old = {s: signal.signal(s, _note) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._old = {s: signal.signal(s, self._note) for s in (signal.SIGINT, signal.SIGTERM)}
         if sys.platform == "linux" and not _fork_hook_registered.is_set():
             os.register_at_fork(after_in_child=_die_with_parent)
             _fork_hook_registered.set()
@@ -139,6 +135,16 @@ class StopSignals:
             signal.signal(s, old)
         signal.set_wakeup_fd(self._old_fd)
         self._write.close()  # the watcher reads EOF and ends
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        """Installed so that the C-level handler writes to the wakeup fd; the watcher thread does the work.
+
+        It runs on the main thread when that is back in the interpreter. During start-up it makes sure the
+        exit carries the signal's status: a signal sent to the whole process group kills the node's p2pd
+        too, and a main thread that fails on that and ends the interpreter (status 1) can beat the watcher.
+        """
+        if self._starting:
+            atexit.register(os._exit, 128 + signum)
 
     def started(self) -> None:
         """Start-up is over: from now on the first signal leaves cleanly (during start-up it exits at once)."""
