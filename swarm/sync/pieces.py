@@ -1,10 +1,11 @@
 """One slice reduced piece by piece while its members' parts stream in: the owner's side of a round.
 
 Why: a reducer that waits for every whole part, and members that wait for the whole reduced slice,
-leave a link idle at two barriers (the slowest sender's last byte, then the reduction). On a
-100 Mbit/s link that cost half again the time the bytes need. Here the owner reduces piece ``k``
-(``PIECE_ELEMS`` values) as soon as every contributing member's piece ``k`` has landed and sends it
-back at once, so the reduce-scatter and the all-gather overlap. A sender's piece waits in one of
+leave a link idle at two barriers (the slowest sender's last byte, then the reduction): on a
+100 Mbit/s link, half again the time the bytes need (bench/RESULTS.md, "Outer sync on a limited
+link"). Here the owner reduces piece ``k`` (``PIECE_ELEMS`` values) as soon as every contributing
+member's piece ``k`` has landed and sends it back at once, so the reduce-scatter and the all-gather
+overlap. A sender's piece waits in one of
 ``WINDOW`` slots until it is reduced; the TCP window holds back the rest. So the owner holds a few
 MiB per sender, not a slice each.
 
