@@ -52,7 +52,6 @@ from swarm.sync.channel import (
     piece_buffer,
     recv_piece,
     recv_pieces,
-    send_pieces,
 )
 from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.dialhints import DialHints
@@ -535,7 +534,8 @@ class SyncService:
             direct.close(sock)
 
     async def _send_part(self, plan: RoundPlan, channel: Channel, part: Part) -> None:
-        await send_pieces(channel, part.pieces())
+        for data in part.pieces():
+            await channel.send(data)
         self._call_hook("sent", plan.revision)
 
     async def _receive_reduced(

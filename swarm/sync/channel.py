@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -56,11 +56,6 @@ class SocketChannel:
 
     async def recv_into(self, dest: memoryview, hasher: Any | None) -> None:
         await direct.recv_into(self._sock, dest, self._timeout, hasher)
-
-
-async def send_pieces(channel: Channel, pieces: Iterable[Buffer]) -> None:
-    for data in pieces:
-        await channel.send(data)
 
 
 async def recv_piece(

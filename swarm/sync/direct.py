@@ -25,17 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import secrets
 import socket
 from typing import Any
 
-import numpy as np
-
-from swarm.sync.errors import BadBytes, PeerLost
+from swarm.sync.errors import PeerLost
 from swarm.sync.tensors import Buffer
-from swarm.sync.wire import fill_vector
 
 logger = logging.getLogger(__name__)
 
@@ -211,21 +207,6 @@ async def recv_into(sock: socket.socket, dest: memoryview, chunk_timeout: float,
         if hasher is not None:
             hasher.update(dest[got : got + n])
         got += n
-
-
-async def recv_vector(
-    sock: socket.socket, out: np.ndarray, compression: str, chunk_timeout: float, digest: bytes
-) -> None:
-    """Receive one encoded vector into ``out`` (:func:`swarm.sync.wire.fill_vector`) and check its bytes
-    against ``digest``, the sha256 the sender gave on the P2P stream (BadBytes if they differ)."""
-    hasher = hashlib.sha256()
-
-    async def fill(dest: memoryview, h: Any | None) -> None:
-        await recv_into(sock, dest, chunk_timeout, h)
-
-    await fill_vector(fill, out, compression, hasher)
-    if hasher.digest() != digest:
-        raise BadBytes("payload does not match its sha256")
 
 
 def close(sock: socket.socket | None) -> None:

@@ -52,26 +52,6 @@ def piece_bounds(n: int) -> list[tuple[int, int]]:
     return [(a, min(n, a + PIECE_ELEMS)) for a in range(0, max(n, 1), PIECE_ELEMS)]
 
 
-def encode_pieces(x: torch.Tensor, compression: str) -> list[Buffer]:
-    """``x`` encoded piece by piece: the bytes on the wire are these, one after the other.
-
-    Each piece is encoded on its own (int8's scales lead each piece), so a receiver decodes piece ``k``
-    as soon as it lands. Uncompressed pieces are views of ``x`` (it must not change while they are sent).
-    """
-    return [encode_view(x[a:b], compression) for a, b in piece_bounds(x.numel())]
-
-
-def decoded_norm(pieces: Sequence[Buffer], n: int, compression: str) -> float:
-    """The norm a receiver computes of these encoded pieces once decoded (what a part's header claims)."""
-    scratch = np.empty(min(n, PIECE_ELEMS), dtype=np.float32)
-    total = 0.0
-    for (a, b), data in zip(piece_bounds(n), pieces, strict=True):
-        out = scratch[: b - a]
-        decode_into(data, out, compression)
-        total += square_sum(out)
-    return math.sqrt(total)
-
-
 @dataclass(frozen=True)
 class Part:
     """A member's part of one slice as it goes out, encoded piece by piece as it is sent (a compressed part is

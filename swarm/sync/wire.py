@@ -9,16 +9,13 @@ at most ``chunk_timeout`` per chunk (and callers bound the whole exchange).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
-
-import numpy as np
 
 from protocol import codec
 from protocol.errors import MessageRejected
 from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.errors import BadBytes, PeerLost
-from swarm.sync.tensors import LITTLE_ENDIAN, Buffer, decode_into, encoded_size
+from swarm.sync.tensors import Buffer
 
 MAX_HEADER_BYTES = 4096
 CHUNK_BYTES = 1 << 20
@@ -95,34 +92,6 @@ async def read_into(
             got += len(chunk)
     except asyncio.IncompleteReadError:
         raise PeerLost(f"stream closed after {got} of {size} payload bytes") from None
-
-
-Fill = Callable[[memoryview, Any], Awaitable[None]]
-"""Fills a byte view from some connection, feeding a hasher (or None) as bytes land."""
-
-
-async def fill_vector(fill: Fill, out: np.ndarray, compression: str, hasher: Any | None = None) -> None:
-    """Receive one encoded vector of ``out.size`` elements into the float32 array ``out`` (BadBytes if any
-    value is not finite). Uncompressed bytes land in ``out`` itself; compressed ones are decoded once in."""
-    if compression == "none" and LITTLE_ENDIAN:
-        await fill(out.data.cast("B"), hasher)
-        if not bool(np.isfinite(out).all()):
-            raise BadBytes("non-finite values received")
-        return
-    raw = bytearray(encoded_size(out.size, compression))
-    await fill(memoryview(raw), hasher)
-    decode_into(raw, out, compression)
-
-
-async def read_vector(
-    reader: asyncio.StreamReader, out: np.ndarray, compression: str, chunk_timeout: float, hasher: Any | None = None
-) -> None:
-    """:func:`fill_vector` from a P2P stream."""
-
-    async def fill(dest: memoryview, h: Any | None) -> None:
-        await read_into(reader, dest, chunk_timeout, h)
-
-    await fill_vector(fill, out, compression, hasher)
 
 
 def check_weight(value: Any) -> int:

@@ -4,6 +4,7 @@ window per sender, and a false norm claim caught before any member can complete 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import numpy as np
@@ -11,8 +12,8 @@ import pytest
 import torch
 
 from swarm.sync.config import AbortCause, SyncAborted
-from swarm.sync.pieces import PIECE_ELEMS, WINDOW, SliceReduction, decoded_norm, encode_pieces, piece_bounds
-from swarm.sync.robust import Suspicion, norm, reduce_slice
+from swarm.sync.pieces import PIECE_ELEMS, WINDOW, Part, SliceReduction, piece_bounds
+from swarm.sync.robust import Suspicion, norm, reduce_slice, square_sum
 from swarm.sync.tensors import decode_into, encoded_size
 
 N = 3 * PIECE_ELEMS + 12_345
@@ -39,9 +40,9 @@ async def _feed(
     red: SliceReduction, peer: str, part: torch.Tensor, compression: str, claim: float | None = None
 ) -> None:
     """What a receiving stream does: join with the claimed norm, land every piece in its slot, complete."""
-    pieces = encode_pieces(part, compression)
-    red.join(peer, 3, decoded_norm(pieces, N, compression) if claim is None else claim)
-    for k, data in enumerate(pieces):
+    sent = Part.of(part, compression, digest=False)
+    red.join(peer, 3, sent.claim if claim is None else claim)
+    for k, data in enumerate(sent.pieces()):
         decode_into(data, await red.slot(peer, k), compression)
         red.landed(peer, k)
         await asyncio.sleep(0)  # interleave the senders
@@ -112,7 +113,19 @@ def _offsets(compression: str) -> list[tuple[int, int]]:
 
 def test_a_norm_summed_piece_by_piece_is_the_whole_norm_to_the_bit() -> None:
     x = torch.randn(N + 7, generator=torch.Generator().manual_seed(3))[7:]  # a view at an odd offset
-    assert decoded_norm(encode_pieces(x, "none"), N, "none") == norm(x)
+    assert Part.of(x, "int8", digest=False).claim == norm(torch.from_numpy(_decoded(x, "int8")))
+    assert Part.of(x, "none", digest=False).claim == norm(x)
+    summed = 0.0
+    for a, b in piece_bounds(N):  # as the owner sums them: the blocks of the pieces as they land
+        summed += square_sum(x[a:b].numpy())
+    assert math.sqrt(summed) == norm(x)
+
+
+def _decoded(x: torch.Tensor, compression: str) -> np.ndarray:
+    out = np.empty(x.numel(), dtype=np.float32)
+    for (a, b), data in zip(piece_bounds(x.numel()), Part.of(x, compression, digest=False).pieces(), strict=True):
+        decode_into(data, out[a:b], compression)
+    return out
 
 
 def test_a_false_norm_claim_fails_the_round_before_the_last_piece() -> None:
