@@ -164,7 +164,8 @@ class OuterSyncConfig:
         default=600.0,
         metadata={
             "help": "Seconds this peer leaves out of its sync groups a member whose reduced slice failed the "
-            "check (non-finite or too large): a lying reducer would otherwise make every round abort."
+            "check (non-finite or too large), whose part was garbage, or that kept aborting rounds the others "
+            "would commit: any of them would otherwise make every round abort."
         },
     )
     matchmaking_timeout_s: float = field(

@@ -124,6 +124,8 @@ class SyncRecords:
         """Other peers' published addresses (OuterSync hands its sync service this same object)."""
         self.opened = ContentMemo[Any](OPENED_RECORDS)
         """Outcomes of opening records by content (see :func:`open_records`)."""
+        self._my_vote: tuple[str, str] = ("", "")
+        """(group id, digest) of this peer's last vote: it counts as seen when naming vetoers."""
 
     def _log(self, level: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s rev=%d] " + msg, self.me[-6:], self.revision, *args)
@@ -339,6 +341,7 @@ class SyncRecords:
     def vote(self, plan: RoundPlan, digest: str) -> bool:
         """Publish this member's vote: the assembled average's digest, or "abort"."""
         record = VoteRecord(self.me, self.fingerprint, plan.revision, plan.group_id, digest, float(self._clock()))
+        self._my_vote = (plan.group_id, digest)
         key = vote_key(self.swarm_id, self.fingerprint, plan.group_id)
         cfg = self.cfg
         return self._store(key, VOTE_KIND, record, cfg.allreduce_timeout_s + cfg.commit_timeout_s + 30.0)
@@ -369,7 +372,7 @@ class SyncRecords:
             votes = {p: r.digest for p, r in self.read_votes(plan).items()}
             verdict = decide_commit(votes, plan.members, start, deadline)
             if verdict.commit is False:
-                return verdict._replace(vetoers=vetoers(votes, plan.members, self.me))
+                return self._with_vetoers(plan, votes, verdict)
             if verdict.commit is not None:
                 return verdict
             if prober is not None and start >= probe_at:
@@ -383,6 +386,16 @@ class SyncRecords:
             # aim the last read a little before the deadline, so scheduling jitter cannot push it past
             self._sleep(min(self.cfg.poll_s, max(0.0, left - 0.02)))
 
+    def _with_vetoers(self, plan: RoundPlan, votes: dict[str, str], verdict: CommitDecision) -> CommitDecision:
+        """``verdict`` naming the members whose abort alone ended the round (swarm.sync.vetoes).
+
+        This peer's own vote counts as seen even when the read missed it: its
+        tally then names the same vetoers as its partners', whose reads showed it.
+        """
+        group_id, digest = self._my_vote
+        seen = {self.me: digest, **votes} if group_id == plan.group_id else votes
+        return verdict._replace(vetoers=vetoers(seen, plan.members, self.me))
+
     def _lost(self, plan: RoundPlan, votes: dict[str, str], deadline: float, prober: Prober) -> CommitDecision | None:
         """Ping the members not voted yet; if one is gone, end the round (None: all answered)."""
         missing = missing_votes(votes, plan.members, self.me)
@@ -394,7 +407,7 @@ class SyncRecords:
         again = {p: r.digest for p, r in self.read_votes(plan).items()}
         verdict = decide_commit(again, plan.members, start, deadline)
         if verdict.commit is not None:
-            return verdict
+            return self._with_vetoers(plan, again, verdict) if verdict.commit is False else verdict
         self._log(logging.WARNING, "members %s lost before voting: voting abort", [p[-6:] for p in sorted(gone)])
         self.vote(plan, ABORT_DIGEST)
         return CommitDecision(False, LivenessReason.MEMBER_LOST.value)

@@ -9,8 +9,10 @@ which this peer voted a digest and no vote disagreed with it (a *veto*), over
 the last ``span`` such rounds; a member with ``limit`` vetoes among them is left
 out of this peer's groups for the suspect ban (``OuterSyncConfig.suspect_ban_s``).
 
-Every member of a group reads the same votes, so the honest members of a group
-count the same vetoes and leave the vetoer out together. Pure: no clock, no I/O.
+An abort ends the round for every member that reads it, and each member counts
+its own vote as seen (``SyncRecords`` adds it when a read misses it), so the
+honest members of a group count the same vetoes and leave the vetoer out
+together, whichever of their reads or pings ended the round. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import cast
+
 import pytest
 
-from swarm.sync.records import ABORT_DIGEST
+from swarm.membership import Membership
+from swarm.sync.allreduce import RoundPlan
+from swarm.sync.config import OuterSyncConfig
+from swarm.sync.dhtio import SyncRecords
+from swarm.sync.liveness import Prober
+from swarm.sync.records import ABORT_DIGEST, VoteRecord
 from swarm.sync.vetoes import MAX_TRACKED, VetoTally, vetoers
 
 D = "d" * 64
@@ -39,3 +47,52 @@ def test_memory_is_bounded_whatever_the_number_of_keys() -> None:
 def test_limit_must_fit_the_span() -> None:
     with pytest.raises(ValueError, match="limit"):
         VetoTally(limit=6, span=5)
+
+
+class _Votes(SyncRecords):
+    """SyncRecords whose reads return scripted votes and whose pings nobody answers, on a fake clock."""
+
+    def __init__(self, reads: list[dict[str, str]]) -> None:
+        membership = SimpleNamespace(peer_id="me", cfg=SimpleNamespace(swarm_id="s"), dht=None)
+        self.now = 0.0
+        super().__init__(cast(Membership, membership), "f" * 16, OuterSyncConfig(), lambda: self.now, self._tick)
+        self._reads = reads
+
+    def _tick(self, s: float) -> None:
+        self.now += max(s, 0.01)
+
+    def read_votes(self, plan: RoundPlan) -> dict[str, VoteRecord]:
+        votes = self._reads.pop(0) if len(self._reads) > 1 else self._reads[0]
+        return {p: VoteRecord(p, self.fingerprint, plan.revision, plan.group_id, d, self.now) for p, d in votes.items()}
+
+
+class _NobodyAnswers:
+    timeout_s = 1.0
+
+    def check(self, peers: object, timeout: float) -> set[str]:
+        return set()
+
+
+PLAN = RoundPlan("g" * 32, 0, ("me", "b", "v"), 10, "none", "mean", 0.0, 0.0)
+
+
+@pytest.mark.parametrize("own_vote_read", [True, False])
+def test_the_vetoer_is_named_when_a_read_misses_my_own_vote(own_vote_read: bool) -> None:
+    records = _Votes([{"me": D, "v": ABORT_DIGEST} if own_vote_read else {"v": ABORT_DIGEST}])
+    records.vote(PLAN, D)  # stored nowhere (no DHT): the read misses it unless scripted
+    verdict = records.await_commit(PLAN, deadline=30.0)
+    assert (verdict.commit, verdict.vetoers) == (False, ("v",))
+
+
+def test_the_vetoer_is_named_when_the_abort_is_read_after_a_ping_went_unanswered() -> None:
+    """Under load a slow partner misses its pings; the read that follows shows the veto: it still counts."""
+    records = _Votes([{"me": D}, {"me": D}, {"me": D}, {"me": D, "v": ABORT_DIGEST}])
+    records.vote(PLAN, D)
+    verdict = records.await_commit(PLAN, 30.0, cast(Prober, _NobodyAnswers()))
+    assert (verdict.commit, verdict.reason, verdict.vetoers) == (False, "aborted by a member", ("v",))
+
+
+def test_my_own_abort_still_names_nobody() -> None:
+    records = _Votes([{"v": ABORT_DIGEST}])
+    records.vote(PLAN, ABORT_DIGEST)
+    assert records.await_commit(PLAN, 30.0).vetoers == ()
