@@ -43,7 +43,9 @@ def option_values(opts: NodeOptions) -> dict[str, Any]:
 
 
 def per_model(opts: NodeOptions) -> dict[str, Any]:
-    """The options whose unset value (0, None, no tasks) means the model's own default, with that default.
+    """The options whose unset value (0, None, no tasks) means a default found elsewhere, with that default.
+
+    Mostly the model's own; a schedule's ``lr_decay_rounds`` is the run's ``--rounds``.
 
     See :func:`~node.training.models.recommended_defaults`: a real LM needs other lengths, learning
     rates, batch sizes and tasks than the built-in tiny models.
@@ -54,6 +56,8 @@ def per_model(opts: NodeOptions) -> dict[str, Any]:
         "max_new_tokens": opts.max_new_tokens or rec.max_new_tokens,
         "learning_rate": rec.lr(opts.adapter) if opts.learning_rate is None else opts.learning_rate,
         "micro_batch_size": opts.micro_batch_size or rec.micro_batch_size,
+        # a schedule decays over the run unless told otherwise (a constant rate has no length)
+        "lr_decay_rounds": opts.lr_decay_rounds or (opts.rounds if opts.lr_scheduler_type != "constant" else 0),
     }
 
 

@@ -306,7 +306,7 @@ class Node:
         order = self._credit_order if self.cfg.sampling == "credit" else None
         quota = int(self.cfg.max_source_share * self.cfg.local_groups * self.cfg.num_generations)
         external = self.pool.take(self.cfg.external_groups, self.cfg.sampling, self.sampler_rng, useful, order, quota)
-        stats = self.trainer.step(local + external)
+        stats = self.trainer.step(local + external, done=self.round - 1)
         if stats.get("alignment"):
             self.credit.observe(stats["alignment"], {g.source_peer: g.source_model for g in external})
         n_dropped = int(stats.get("n_dropped", 0))
@@ -392,6 +392,7 @@ class Node:
             bytes_in=traffic.get("bytes_in", 0),
             bytes_out=traffic.get("bytes_out", 0),
             loss=stats.get("loss") if trained else None,
+            lr=float(stats.get("lr", self.trainer.lr_at(self.round - 1))),
             ingest_s=collected.ingest_s,
             generate_s=phases[0],
             share_s=phases[1],

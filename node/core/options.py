@@ -146,6 +146,18 @@ class NodeOptions:
         above=0,
         below=1,
     )
+    lr_scheduler_type: str = option(
+        "constant", "learning-rate schedule by round: constant, or linear or cosine decay from --lr to --lr-floor x "
+        "--lr over --lr-decay-rounds, then held there", flag="--lr-schedule", inherit=True,
+        choices=("constant", "linear", "cosine"),
+    )  # fmt: skip
+    lr_decay_rounds: int = option(
+        0, "rounds over which --lr-schedule decays the rate (0: --rounds)", inherit=True, min=0, max=10_000_000
+    )
+    min_lr_rate: float = option(
+        0.0, "the rate at the end of --lr-schedule's decay, as a fraction of --lr", flag="--lr-floor", inherit=True,
+        min=0, max=1,
+    )  # fmt: skip
     sampling: str = option(
         "advantage",
         "external group choice: uniform, advantage (groups with signal first) or credit (then by what their sources "
@@ -478,8 +490,24 @@ def check_options(opts: NodeOptions) -> None:
             if value != default_of(NodeOptions, name):
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} {value} has no effect without --adapter lora; add --adapter lora or drop it")
+    _check_schedule(opts)
     if isinstance(opts, LocalOptions) and opts.isolated > opts.nodes:
         raise ValueError(f"--isolated {opts.isolated}: use 0 to {opts.nodes} (the number of nodes)")
+
+
+def _check_schedule(opts: NodeOptions) -> None:
+    """A decay needs a length; its length and floor do nothing without a decay."""
+    if opts.lr_scheduler_type == "constant":
+        for name, flag in (("lr_decay_rounds", "--lr-decay-rounds"), ("min_lr_rate", "--lr-floor")):
+            value = getattr(opts, name)
+            if value != default_of(NodeOptions, name):
+                raise ValueError(
+                    f"{flag} {value:g} has no effect without --lr-schedule; add --lr-schedule linear or drop it"
+                )
+    elif not (opts.lr_decay_rounds or opts.rounds):
+        raise ValueError(
+            f"--lr-schedule {opts.lr_scheduler_type} needs a length: add --lr-decay-rounds N (or --rounds N)"
+        )
 
 
 def options_from(cls: type[NodeOptions], values: Any) -> NodeOptions:

@@ -87,6 +87,7 @@ class RoundRecord:
     bytes_in: int
     bytes_out: int
     loss: float | None
+    lr: float
     ingest_s: float
     generate_s: float
     share_s: float

@@ -113,6 +113,9 @@ class ExperimentConfig:
     )
     num_generations: int = node_option("num_generations")
     learning_rate: float | None = node_option("learning_rate")
+    lr_scheduler_type: str = node_option("lr_scheduler_type")
+    lr_decay_rounds: int = node_option("lr_decay_rounds")
+    min_lr_rate: float = node_option("min_lr_rate")
     max_new_tokens: int = option(0, "Tokens per completion (0: the node's own for its model).", group=SWEEP, min=0)
     round_timeout: float = option(
         300.0, "Fail a run if no node progresses this long (s; a node's `local` gives up after 120 s, a sweep's "

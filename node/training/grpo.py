@@ -36,6 +36,7 @@ from node.tasks.verify import TrainGroup
 from node.training.diagnostics import StepDiagnostics, flat_grad, source_key
 from node.training.offpolicy import FamilyBaseline, OffPolicyConfig, completion_weight, receiver_advantages
 from node.training.policy import Policy
+from node.training.schedule import LR_SCHEDULES, scheduled_lr
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,15 @@ class GRPOConfig:
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
     adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
+    lr_scheduler_type: str = field(
+        default="constant", metadata={"help": "Learning-rate schedule by round: constant, linear or cosine decay."}
+    )
+    lr_decay_rounds: int = field(
+        default=0, metadata={"help": "Rounds over which a schedule decays the rate (then it stays at the floor)."}
+    )
+    min_lr_rate: float = field(
+        default=0.0, metadata={"help": "The rate at the end of the decay, as a fraction of learning_rate."}
+    )
     micro_batch_size: int = field(default=64, metadata={"help": "Completions per forward/backward pass."})
     gradient_checkpointing: bool = field(
         default=False,
@@ -76,6 +86,12 @@ class GRPOConfig:
             (1 <= self.num_iterations <= 64, "num_iterations must be in [1, 64]"),
             (self.max_grad_norm >= 0, "max_grad_norm must be >= 0"),
             (self.loss_type in LOSS_TYPES, f"loss_type must be one of {LOSS_TYPES}"),
+            (self.lr_scheduler_type in LR_SCHEDULES, f"lr_scheduler_type must be one of {LR_SCHEDULES}"),
+            (
+                self.lr_scheduler_type == "constant" or self.lr_decay_rounds >= 1,
+                "a decaying lr_scheduler_type needs lr_decay_rounds >= 1 (e.g. the run's rounds)",
+            ),
+            (0 <= self.min_lr_rate <= 1, "min_lr_rate must be in [0, 1]"),
             (self.weight_decay >= 0, "weight_decay must be >= 0"),
             (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1, "adam betas must be in [0, 1)"),
             (self.adam_epsilon > 0, "adam_epsilon must be > 0"),
@@ -365,7 +381,12 @@ class GRPOTrainer:
             chunks += [part[i : i + mb] for i in range(0, len(part), mb)]
         return chunks
 
-    def step(self, groups: Sequence[TrainGroup]) -> dict[str, Any]:
+    def lr_at(self, done: int) -> float:
+        """The learning rate of the step after ``done`` rounds (:mod:`node.training.schedule`)."""
+        cfg = self.cfg
+        return scheduled_lr(cfg.learning_rate, cfg.lr_scheduler_type, cfg.lr_decay_rounds, cfg.min_lr_rate, done)
+
+    def step(self, groups: Sequence[TrainGroup], done: int = 0) -> dict[str, Any]:
         """Train on ``groups``: skip groups past the context, drop those without signal, then update.
 
         This node's own groups first update its per-family expected reward (the receiver baseline).
@@ -376,10 +397,14 @@ class GRPOTrainer:
         ``num_iterations == 1`` they equal the detached current ones, so no
         extra forward pass is made). Returns statistics: loss (last update),
         n_groups (kept), n_dropped, n_too_long, n_completions, grad_norm (last
-        update), clip_frac (over all updates), mean_reward (all given groups), seconds,
-        and with ``diagnose`` ``sources`` and the local / external gradient norms (first update).
+        update), clip_frac (over all updates), mean_reward (all given groups), seconds, lr (the
+        rate after ``done`` rounds of the schedule), and with ``diagnose`` ``sources`` and the local /
+        external gradient norms (first update).
         """
         t0 = time.perf_counter()
+        lr = self.lr_at(done)
+        for param_group in self.optimizer.param_groups:  # a restored optimizer state carries its own: replaced
+            param_group["lr"] = lr
         for g in groups:
             if not g.external:
                 self.baseline.update(g.task_family, g.rewards)
@@ -389,7 +414,7 @@ class GRPOTrainer:
         stats: dict[str, Any] = {
             "loss": 0.0, "n_groups": len(kept), "n_dropped": len(fitting) - len(kept), "n_too_long": too_long,
             "n_completions": 0, "grad_norm": 0.0, "clip_frac": 0.0,
-            "mean_reward": sum(all_rewards) / len(all_rewards) if all_rewards else 0.0,
+            "mean_reward": sum(all_rewards) / len(all_rewards) if all_rewards else 0.0, "lr": lr,
         }  # fmt: skip
         if kept:
             rows = self._rows(kept)

@@ -288,14 +288,16 @@ def _other_values(value: Any) -> list[Any]:
         return [value + 1, value + 2, value / 2 if value else 0.5, -5.0]
     if isinstance(value, tuple):
         return [("max",), ("/ip4/127.0.0.1/tcp/1",)]
-    return ["tiny-m", "q_proj", "none", "group", "fp16", "median", "cpu", "uniform", "elsewhere"]
+    return ["tiny-m", "q_proj", "none", "group", "fp16", "median", "cpu", "uniform", "cosine", "elsewhere"]
 
 
 def test_a_changed_option_reaches_its_component() -> None:
     """A field dropped from the assembly would leave its component at its own default; here every option-fed
     field is changed, one at a time, to a valid value, and the component must receive it."""
-    base = NodeOptions(sync_every=3, adapter="lora")  # the sync and adapter options live
-    for name, value in _received(["start", "--sync-every", "3", "--adapter", "lora"]).items():
+    # the sync, adapter and schedule options live
+    base = NodeOptions(sync_every=3, adapter="lora", lr_scheduler_type="linear", lr_decay_rounds=100)
+    argv = ["start", "--sync-every", "3", "--adapter", "lora", "--lr-schedule", "linear", "--lr-decay-rounds", "100"]
+    for name, value in _received(argv).items():
         for other in (v for v in _other_values(value) if v != value):
             try:
                 cfg, parts = node_configs(dataclasses.replace(base, **{name: other}), "127.0.0.1", 0)

@@ -32,6 +32,7 @@ from node.tasks.registry import UnknownTask, build_task, rollout_group
 from node.tasks.verify import RejectReason, TrainGroup, verify_external
 from node.training.device import params_digest
 from node.training.evaluate import EvalConfig
+from node.training.grpo import GRPOConfig
 from node.training.offpolicy import OffPolicyConfig
 from node.training.policy import GenerationConfig
 from protocol import Descriptor, RolloutBatch, RolloutGroup, short_id
@@ -639,6 +640,23 @@ def test_checkpoint_every_two_rounds_final_on_shutdown_and_resume(make_node: Nod
     r4 = resumed.run_round()
     assert r4 is not None and r4.round == 4 and resumed.round == 4
     assert [e["round"] for e in metric_events(resumed, "round")] == [1, 2, 3, 4]
+
+
+def test_a_resumed_node_goes_on_with_its_learning_rate_schedule(make_node: NodeMaker, clock: FakeClock) -> None:
+    """The rate is the schedule's at the node's round, which a checkpoint restores (the round records say it)."""
+    grpo = GRPOConfig(learning_rate=1e-3, lr_scheduler_type="linear", lr_decay_rounds=4, min_lr_rate=0.5)
+    node = make_node(Harness(), NodeParts(grpo=grpo, checkpoint=CheckpointConfig(checkpoint_every=1)))
+    for _ in range(2):
+        assert node.run_round() is not None
+        clock.now += 1
+    node.shutdown()
+    resumed = make_node(Harness(), NodeParts(grpo=grpo, checkpoint=CheckpointConfig(checkpoint_every=1, resume=True)))
+    for _ in range(4):
+        assert resumed.run_round() is not None
+        clock.now += 1
+    lrs = [e["lr"] for e in metric_events(resumed, "round")]
+    assert lrs == pytest.approx([1e-3, 8.75e-4, 7.5e-4, 6.25e-4, 5e-4, 5e-4])
+    assert [g["lr"] for g in resumed.trainer.optimizer.param_groups] == pytest.approx([5e-4])
 
 
 def test_resume_without_a_checkpoint_starts_fresh(make_node: NodeMaker) -> None:
