@@ -355,7 +355,7 @@ class Node:
     ) -> RoundRecord:
         """This round's record, also written as the ``round`` metrics event.
 
-        ``stats`` is the trainer's ({} if none); ``phases`` the seconds spent
+        ``stats`` is the trainer's (:meth:`GRPOTrainer.step`); ``phases`` the seconds spent
         generating, sharing and collecting, and training.
         """
         rewards = [r for g in local for r in g.rewards]
@@ -392,7 +392,7 @@ class Node:
             bytes_in=traffic.get("bytes_in", 0),
             bytes_out=traffic.get("bytes_out", 0),
             loss=stats.get("loss") if trained else None,
-            lr=float(stats.get("lr", self.trainer.lr_at(self.round - 1))),
+            lr=float(stats["lr"]),  # the trainer reports the rate it stepped at
             ingest_s=collected.ingest_s,
             generate_s=phases[0],
             share_s=phases[1],
