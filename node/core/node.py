@@ -173,8 +173,6 @@ class Node:
         if resumed is not None:
             self.metrics.write("resume", time=self.clock(), peer=self.peer_id, round=self.round, path=str(resumed))
         logger.info("started %s on %s with tasks %s", model_id, device, ",".join(names))
-        if self.round == 0:
-            self._maybe_evaluate()  # the starting point every later score is compared with
         return self
 
     @property
@@ -263,7 +261,14 @@ class Node:
             logger.error("final checkpoint failed: %s", e)
 
     def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> None:
-        """Run rounds until ``cfg.rounds`` are done or ``stop_event`` is set."""
+        """Run rounds until ``cfg.rounds`` are done or ``stop_event`` is set.
+
+        A node at round 0 first scores its starting point, which every later held-out score is compared
+        with. That is here, not in :meth:`start`: on a CPU it takes minutes for a real model, and a node
+        is up (listening, announced to ``local``) before it.
+        """
+        if self.round == 0:
+            self._maybe_evaluate()
         while not self.stop_event.is_set() and (self.cfg.rounds == 0 or self.round < self.cfg.rounds):
             record = self.run_round()
             if record is not None and on_round is not None:
