@@ -32,7 +32,7 @@ from node.core.pool import ExternalPool
 from node.core.record import Collected, RoundRecord, banned_count, mean, most_refused
 from node.observe import resources
 from node.observe.logs import CONTEXT, PROGRESS
-from node.observe.metrics import MetricsWriter
+from node.observe.metrics import MetricsWriter, read_events
 from node.tasks.acceptance import Acceptance
 from node.tasks.registry import BUILTIN_TASKS, TaskItem, TaskMix, build_task
 from node.tasks.verify import TrainGroup, local_group
@@ -100,6 +100,7 @@ class Node:
         self._outer_moved = False  # the last round applied a sync that moved the outer state: checkpoint it
         self.peers_seen = SeenPeers()
         self._checkpointed = -1  # round of the last checkpoint written or loaded
+        self._eval_owed = False  # resumed at a round whose due evaluation was cut short (or never written)
         self._digest_start = ""  # weights' digest at start (set once the model is loaded)
         self._identity_lock: IdentityLock | None = None
 
@@ -171,6 +172,7 @@ class Node:
             trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
         )
         if resumed is not None:
+            self._eval_owed = self._evaluation_missing()
             self.metrics.write("resume", time=self.clock(), peer=self.peer_id, round=self.round, path=str(resumed))
         logger.info("started %s on %s with tasks %s", model_id, device, ",".join(names))
         return self
@@ -205,6 +207,17 @@ class Node:
         self._checkpointed = self.round
         logger.warning("resumed from %s at round %d", path, self.round)
         return path
+
+    def _evaluation_missing(self) -> bool:
+        """Whether the restored round was due a held-out evaluation that left no complete score.
+
+        A stop during an evaluation ends it partial, and the round's checkpoint follows; a resumed run
+        would otherwise lack that round's score (a sweep's table reads every node's).
+        """
+        if not self.parts.evaluation.due(self.round, self.cfg.rounds):
+            return False
+        events = read_events(self.run_dir / "metrics.jsonl", "eval")
+        return not any(int(e.get("round", -1)) == self.round and e.get("complete") for e in events)
 
     # ---- leaving ---------------------------------------------------------------------------
 
@@ -267,7 +280,8 @@ class Node:
         with. That is here, not in :meth:`start`: on a CPU it takes minutes for a real model, and a node
         is up (listening, announced to ``local``) before it.
         """
-        if self.round == 0:
+        if self.round == 0 or self._eval_owed:
+            self._eval_owed = False
             self._maybe_evaluate()
         while not self.stop_event.is_set() and (self.cfg.rounds == 0 or self.round < self.cfg.rounds):
             record = self.run_round()

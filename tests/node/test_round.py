@@ -659,6 +659,37 @@ def test_a_resumed_node_goes_on_with_its_learning_rate_schedule(make_node: NodeM
     assert [g["lr"] for g in resumed.trainer.optimizer.param_groups] == pytest.approx([5e-4])
 
 
+def test_a_resumed_node_scores_the_evaluation_a_stop_cut_from_its_last_round(
+    make_node: NodeMaker, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop during round 2's training skips its due evaluation; the checkpoint is of round 2. Resumed, the
+    node scores round 2 first, so a sweep that resumes still has every node's score at every due round."""
+    evaluation = EvalConfig(eval_every=2, eval_items=4, eval_samples=0)
+    node = make_node(Harness(), NodeParts(evaluation=evaluation, checkpoint=CheckpointConfig(checkpoint_every=2)))
+    assert node.run_round() is not None
+    step = node.trainer.step
+
+    def step_then_stop(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        stats = step(*args, **kwargs)
+        node.stop_event.set()  # the signal lands while the round trains
+        return stats
+
+    monkeypatch.setattr(node.trainer, "step", step_then_stop)
+    assert node.run_round() is not None
+    assert metric_events(node, "eval") == []
+    node.shutdown()
+
+    parts = NodeParts(evaluation=evaluation, checkpoint=CheckpointConfig(checkpoint_every=2, resume=True))
+    resumed = make_node(Harness(), parts, rounds=4)
+    assert resumed.round == 2
+    resumed.run()
+    assert [e["round"] for e in metric_events(resumed, "eval")] == [2, 4]
+    resumed.shutdown()
+    again = make_node(Harness(), parts, rounds=4)  # round 4 was scored: nothing is owed
+    again.run()
+    assert [e["round"] for e in metric_events(again, "eval")] == [2, 4]
+
+
 def test_resume_without_a_checkpoint_starts_fresh(make_node: NodeMaker) -> None:
     node = make_node(Harness(), NodeParts(checkpoint=CheckpointConfig(checkpoint_every=2, resume=True)))
     assert node.round == 0 and metric_events(node, "resume") == []
