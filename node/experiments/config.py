@@ -129,7 +129,15 @@ class ExperimentConfig:
     micro_batch_size: int = node_option("micro_batch_size")
     device: str = node_option("device")
     eval_timeout_s: float = node_option("eval_timeout_s")
-    out: str = option("runs/experiment", "Results folder (reused to resume).", group=SWEEP)
+    checkpoint_every: int = node_option(
+        "checkpoint_every",
+        10,
+        "10 in a sweep (a node's default is 50): a stopped run goes on from its nodes' checkpoints",
+    )
+    out: str = option(
+        "runs/experiment", "Results folder; the same command resumes in it (finished runs are kept, a stopped one "
+        "goes on from its nodes' checkpoints).", group=SWEEP,
+    )  # fmt: skip
     progress: bool = option(True, "Show a progress display.", group=SWEEP)
 
     def __post_init__(self) -> None:

@@ -468,7 +468,7 @@ def load_run(run_dir: Path, sampling: str, split: str, seed: int, wall_s: float 
     for path in sorted(run_dir.glob("*/metrics.jsonl")):
         events = list(read_events(path))
         start = next((e for e in events if e.get("event") == "start"), {})
-        rounds = sorted((e for e in events if e.get("event") == "round"), key=lambda e: int(e["round"]))
+        rounds = _last_per_round(events)
         nodes.append(
             NodeResult(
                 peer=str(start.get("peer", path.parent.name)),
@@ -483,11 +483,34 @@ def load_run(run_dir: Path, sampling: str, split: str, seed: int, wall_s: float 
                 diagnostic_curves=diagnostic_curves(rounds),
                 heldout=_eval_series(events, "accuracy"),
                 heldout_reward=_eval_series(events, "sample_reward"),
-                cpu_s=float(next((e.get("cpu_s") or 0.0 for e in events if e.get("event") == "summary"), 0.0)),
+                cpu_s=_cpu_spent(events),
                 eval_items=max((int(e.get("items", 0)) for e in events if e.get("event") == "eval"), default=0),
             )
         )
     return RunResult(sampling, split, seed, tuple(nodes), wall_s)
+
+
+def _last_per_round(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """A node's ``round`` events by round. A resumed node redoes the rounds after its checkpoint: the later
+    record of a round is the one its history continues from."""
+    by_round = {int(e["round"]): e for e in events if e.get("event") == "round"}
+    return [by_round[r] for r in sorted(by_round)]
+
+
+def _cpu_spent(events: Sequence[Mapping[str, Any]]) -> float:
+    """CPU-seconds of every process lifetime of a node, redone rounds included (that CPU was spent).
+
+    A lifetime starts at a ``start`` event and ends with its ``summary``; one cut off without a summary
+    (SIGKILL) counts up to its last round record.
+    """
+    total, last = 0.0, 0.0
+    for e in events:
+        kind = e.get("event")
+        if kind == "start":
+            total, last = total + last, 0.0
+        elif kind in ("round", "summary") and e.get("cpu_s") is not None:
+            last = float(e["cpu_s"])
+    return total + last
 
 
 def _eval_series(events: Sequence[Mapping[str, Any]], key: str) -> tuple[tuple[int, float], ...]:

@@ -14,7 +14,6 @@ sweep resumes where it stopped. The aggregation (``results.json``,
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 from node.core.options import LocalOptions, to_argv
 from node.experiments.config import ExperimentConfig
 from node.experiments.learning import heldout_table, plot_heldout, summarize_heldout
+from node.experiments.parts import LOAD, RunLoad, load_line, read_load, resumable
 from node.experiments.results import (
     RunResult,
     diagnostics_table,
@@ -132,11 +132,12 @@ SYNCED_ONLY = {"outer_lr", "outer_momentum", "aggregator"}
 """Node options a sweep passes only to its synced runs (a node says a sync setting without a sync is idle)."""
 
 
-def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path) -> list[str]:
+def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path, resume: bool = False) -> list[str]:
     """The ``swarm-node local`` command line of one run (flags generated from :class:`LocalOptions`).
 
     Every sweep field that is a node option of the same name passes through
-    (None: the node's default); the run's place in the sweep sets the rest.
+    (None: the node's default); the run's place in the sweep sets the rest. ``resume``: every node goes
+    on from its last checkpoint in ``run_dir``.
     """
     objective = OffPolicyConfig.preset(run.objective)
     shared = {f.name for f in fields(LocalOptions)} & {f.name for f in fields(ExperimentConfig)}
@@ -148,14 +149,15 @@ def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path) -> list[str]:
         local_groups=run.local, external_groups=run.external, sampling=run.sampling, seed=run.seed,
         sync_every=run.sync_every, log_dir=str(run_dir), swarm_id=f"exp-{run.label}-{run.local}-{run.seed}",
         no_dashboard=True, min_token_logp=objective.min_token_logp, is_cap=objective.is_cap,
-        baseline=objective.baseline,
+        baseline=objective.baseline, resume=resume,
     )  # fmt: skip
     return [sys.executable, "-m", "node", "local", *to_argv(opts, only="changed")]
 
 
 def rounds_done(run_dir: Path) -> int:
-    """Node-rounds recorded so far under ``run_dir`` (for the progress display)."""
-    return sum(sum(1 for _ in read_events(p, "round")) for p in run_dir.glob("*/metrics.jsonl"))
+    """Node-rounds recorded so far under ``run_dir`` (for the progress display; a resumed node's redone rounds
+    count once)."""
+    return sum(len({e.get("round") for e in read_events(p, "round")}) for p in run_dir.glob("*/metrics.jsonl"))
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -172,18 +174,25 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def execute_run(cfg: ExperimentConfig, run: Run, out: Path, on_poll: Callable[[int], None]) -> RunResult | None:
     """Run one configuration to completion; returns its results, or None if it failed.
 
-    A partial folder from an interrupted attempt is removed first. ``on_poll``
-    gets the node-rounds done so far, about twice a second.
+    An interrupted attempt whose nodes all left checkpoints goes on from them (:mod:`node.experiments.parts`);
+    any other partial folder is removed first. ``on_poll`` gets the node-rounds done so far, about twice a
+    second.
     """
     run_dir = out / run.name
-    if run_dir.exists():
+    resume = resumable(run_dir, cfg.nodes)
+    if run_dir.exists() and not resume:
         shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    before = read_load(run_dir) if resume else None
+    if resume:
+        logger.warning(
+            "run %s goes on from its nodes' checkpoints (%d node-rounds done)", run.name, rounds_done(run_dir)
+        )
     t0 = time.monotonic()
     loads = [os.getloadavg()[0]]  # before the run: what the machine carried in (or ran beside it)
-    with open(run_dir / "local.log", "wb") as log:
+    with open(run_dir / "local.log", "ab" if resume else "wb") as log:
         proc = subprocess.Popen(
-            local_command(cfg, run, run_dir), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            local_command(cfg, run, run_dir, resume), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
             while proc.poll() is None:
@@ -192,9 +201,11 @@ def execute_run(cfg: ExperimentConfig, run: Run, out: Path, on_poll: Callable[[i
                 time.sleep(0.5)
         finally:
             _stop(proc)
-    write_atomic(run_dir / LOAD, json.dumps(RunLoad.of(loads).__dict__))
+            load = RunLoad.of(loads, time.monotonic() - t0)
+            load = before.then(load) if before is not None else load
+            write_atomic(run_dir / LOAD, json.dumps(asdict(load)))  # an interrupted part's too: the next adds to it
     on_poll(rounds_done(run_dir))
-    result = load_run(run_dir, run.label, run.split, run.seed, time.monotonic() - t0)
+    result = load_run(run_dir, run.label, run.split, run.seed, load.wall_s)
     complete = len(result.nodes) == cfg.nodes and all(len(n.curve) >= cfg.rounds for n in result.nodes)
     if proc.returncode != 0 or not complete:
         logger.warning("run %s failed (exit %s); see %s", run.name, proc.returncode, run_dir / "local.log")
@@ -202,45 +213,6 @@ def execute_run(cfg: ExperimentConfig, run: Run, out: Path, on_poll: Callable[[i
     write_atomic(run_dir / "run.json", json.dumps(result.to_json()))
     write_atomic(run_dir / DONE, f"{time.time()}\n")
     return result
-
-
-LOAD = "load.json"
-"""Per run: the machine's 1-minute load average before it and during it (the issue's protocol records load)."""
-
-
-@dataclass(frozen=True)
-class RunLoad:
-    """The 1-minute load average when a run started, its mean and maximum while it ran, and the CPUs."""
-
-    start: float
-    mean: float
-    max: float
-    cpus: int
-
-    @classmethod
-    def of(cls, samples: list[float]) -> RunLoad:
-        """From load samples, the first taken before the run started."""
-        during = samples[1:] or samples
-        return cls(
-            round(samples[0], 2), round(sum(during) / len(during), 2), round(max(during), 2), os.cpu_count() or 1
-        )
-
-
-def load_line(out: Path, runs: list[Run]) -> str:
-    """One sentence on the machine's load over the finished runs, or "" if none recorded it."""
-    loads = []
-    for run in runs:
-        path = out / run.name / LOAD
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            loads.append(RunLoad(**json.loads(path.read_text())))
-    if not loads:
-        return ""
-    means = sorted(x.mean for x in loads)
-    return (
-        f"Machine load (1-minute average, {loads[0].cpus} CPUs), sampled twice a second during each of {len(loads)} "
-        f"runs: run means {means[0]:.1f}-{means[-1]:.1f} (median {means[len(means) // 2]:.1f}), highest "
-        f"{max(x.max for x in loads):.1f}; per run in `<run>/{LOAD}`.\n\n"
-    )
 
 
 def load_finished(out: Path, runs: list[Run]) -> list[RunResult]:
@@ -286,7 +258,7 @@ def run_sweep(cfg: ExperimentConfig) -> SweepReport:
             bar.finished_run(run.name, cfg.nodes * cfg.rounds, skipped=False)
     report.results = load_finished(out, runs)
     if report.results:
-        write_outputs(cfg, report.results, out, load_line(out, runs))
+        write_outputs(cfg, report.results, out, load_line(out, [r.name for r in runs]))
     return report
 
 

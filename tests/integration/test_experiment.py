@@ -1,13 +1,16 @@
-"""``swarm-node experiment`` end to end: 2 splits x 1 seed of a 2-node swarm, then a resume."""
+"""``swarm-node experiment`` end to end: 2 splits x 1 seed of a 2-node swarm, then a resume; a run stopped
+part-way that goes on from its nodes' checkpoints."""
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, Procs
+from node.observe.metrics import read_events
+from tests.procs import PYTHON, Procs, wait_for
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -61,3 +64,42 @@ def test_experiment_writes_results_table_and_plots_then_resumes(procs: Procs, tm
     assert code == 0, again[-3000:]
     assert "2 runs finished (2 from before)" in again
     assert {m: m.stat().st_mtime_ns for m in markers} == stamp
+
+
+def test_a_stopped_run_goes_on_from_its_nodes_checkpoints(procs: Procs, tmp_path: Path) -> None:
+    """A synced run stopped at round 3 or later (SIGTERM, as at the end of a working session) resumes: same
+    peers, their rounds continue, every node scores the start and the end, and the parts' times add up."""
+    out = tmp_path / "exp"
+    cmd = [PYTHON, "-m", "node", "experiment", "--nodes", "2", "--splits", "2/2", "--sync-every", "2"]
+    cmd += ["--seeds", "1", "--rounds", "8", "--models", "tiny-s", "--tasks", "max", "--out", str(out)]
+    cmd += ["--no-progress", "--min-generate", "0.3", "--checkpoint-every", "2"]
+    run_dir = out / "runs" / "advantage+sync2" / "2-2" / "seed0"
+
+    def rounds() -> dict[str, int]:
+        return {
+            p.parent.name: max((int(e["round"]) for e in read_events(p, "round")), default=0)
+            for p in run_dir.glob("*/metrics.jsonl")
+        }
+
+    first = procs.start("first", cmd)
+    wait_for(lambda: len(rounds()) == 2 and min(rounds().values()) >= 3, 180, "both nodes past round 3", watch=[first])
+    first.send(signal.SIGTERM)
+    assert first.wait(120) == 130, first.output()[-3000:]
+    stopped = rounds()
+    assert not (run_dir / "DONE").exists() and max(stopped.values()) < 8, stopped
+    assert json.loads((run_dir / "load.json").read_text())["parts"] == 1
+
+    second = procs.start("second", cmd)
+    assert second.wait(240) == 0, second.output()[-6000:]
+    assert "1 runs finished (0 from before)" in second.output()
+    assert "goes on from its nodes' checkpoints" in second.output()
+    assert set(rounds()) == set(stopped)  # the same two peers, not two new ones
+    for path in run_dir.glob("*/metrics.jsonl"):
+        (resume,) = list(read_events(path, "resume"))
+        assert 2 <= resume["round"] <= stopped[path.parent.name]
+    (result,) = json.loads((out / "results.json").read_text())["runs"]
+    for node in result["nodes"]:
+        assert len(node["curve"]) == 8 and [r for r, _ in node["heldout"]] == [0, 8]
+    load = json.loads((run_dir / "load.json").read_text())
+    assert load["parts"] == 2 and result["wall_s"] == pytest.approx(load["wall_s"])
+    assert "1 of them ran in parts" in (out / "results.md").read_text()

@@ -24,8 +24,10 @@ SPELLINGS_BEFORE_ONE_GENERATOR = [
 ADDED_SINCE = [
     "--lr-schedule", "--lr-decay-rounds", "--lr-floor",
     "--adapter", "--lora-rank", "--gradient-checkpointing", "--micro-batch", "--device", "--eval-timeout",
+    "--checkpoint-every",
 ]  # fmt: skip
-"""Flags added after that (a learning-rate schedule, a real LM's sweep), each the node's own spelling."""
+"""Flags added after that (a learning-rate schedule, a real LM's sweep, runs in parts), each the node's own
+spelling."""
 
 
 def _fields(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

@@ -11,6 +11,7 @@ import pytest
 from node.cli.experiment import config_from_args
 from node.cli.main import build_parser
 from node.experiments.config import ExperimentConfig
+from node.experiments.parts import RunLoad, load_line, resumable
 from node.experiments.results import (
     NodeResult,
     RunResult,
@@ -30,7 +31,7 @@ from node.experiments.results import (
     std_curves,
     summarize,
 )
-from node.experiments.sweep import Run, RunLoad, is_finished, labels, load_line, local_command, plan_runs, write_atomic
+from node.experiments.sweep import Run, is_finished, labels, local_command, plan_runs, write_atomic
 from node.observe.metrics import MetricsWriter
 
 
@@ -126,6 +127,25 @@ def test_load_run_reads_metrics_files(tmp_path: Path) -> None:
     assert r.nodes[0].model == "tiny-m" and r.nodes[0].external_groups == 4 and r.nodes[1].fetch_failed == 2
     assert r.cumulative == pytest.approx(1.25)
     assert [n.eval_items for n in r.nodes] == [27, 27] and run_from_json(r.to_json()) == r
+
+
+def test_a_resumed_nodes_history_is_its_last_record_of_each_round_and_its_cpu_is_every_lifetimes(
+    tmp_path: Path,
+) -> None:
+    """Stopped after round 3 with a checkpoint of round 2, the node redid round 3: the redone record counts."""
+    w = MetricsWriter(tmp_path / "aaaaaa" / "metrics.jsonl")
+    w.write("start", peer="aaaaaa", model="tiny-m")
+    for i, rew in ((1, 0.1), (2, 0.2), (3, 0.0)):
+        w.write("round", round=i, reward_mean=rew, external_groups=1, round_s=1.0, cpu_s=10.0 * i)
+    w.write("summary", rounds=3, cpu_s=31.0)
+    w.write("start", peer="aaaaaa", model="tiny-m")
+    w.write("resume", round=2)
+    for i, rew in ((3, 0.3), (4, 0.4)):
+        w.write("round", round=i, reward_mean=rew, external_groups=1, round_s=1.0, cpu_s=5.0 * (i - 2))
+    w.close()  # cut off: no summary, so its last round's CPU counts
+    (node,) = load_run(tmp_path, "uniform", "6/2", 0).nodes
+    assert node.curve == (0.1, 0.2, 0.3, 0.4) and node.external_groups == 4
+    assert node.cpu_s == pytest.approx(31.0 + 10.0)
 
 
 def test_config_validation() -> None:
@@ -292,15 +312,37 @@ def test_node_diagnostics_average_rounds_that_used_both_sources() -> None:
 def test_run_load_and_its_line(tmp_path: Path) -> None:
     load = RunLoad.of([0.5, 4.0, 6.0, 8.0])
     assert (load.start, load.mean, load.max) == (0.5, 6.0, 8.0) and load.cpus >= 1
-    runs = [Run("advantage", 8, 0, 0), Run("advantage", 4, 4, 0), Run("advantage", 4, 4, 100)]
+    runs = [Run("advantage", 8, 0, 0).name, Run("advantage", 4, 4, 0).name, Run("advantage", 4, 4, 100).name]
     assert load_line(tmp_path, runs) == ""  # nothing recorded (runs from before loads were kept)
     for r, x in zip(runs[:2], (load, RunLoad(1.0, 3.0, 3.5, load.cpus)), strict=True):
-        (tmp_path / r.name).mkdir(parents=True)
-        write_atomic(tmp_path / r.name / "load.json", json.dumps(x.__dict__))
-    (tmp_path / runs[2].name).mkdir(parents=True)
-    (tmp_path / runs[2].name / "load.json").write_text("{not json")  # a torn file is skipped, not fatal
+        (tmp_path / r).mkdir(parents=True)
+        write_atomic(tmp_path / r / "load.json", json.dumps(x.__dict__))
+    (tmp_path / runs[2]).mkdir(parents=True)
+    (tmp_path / runs[2] / "load.json").write_text("{not json")  # a torn file is skipped, not fatal
     line = load_line(tmp_path, runs)
     assert "each of 2 runs: run means 3.0-6.0 (median 6.0), highest 8.0" in line
+    assert "in parts" not in line
+    write_atomic(tmp_path / runs[1] / "load.json", json.dumps(load.then(load).__dict__))
+    assert "1 of them ran in parts" in load_line(tmp_path, runs)
+
+
+def test_the_parts_of_a_resumed_run_add_up_to_its_load_and_wall_time() -> None:
+    first, second = RunLoad.of([0.5, 2.0, 4.0], wall_s=60.0), RunLoad.of([3.0, 8.0], wall_s=30.0)
+    both = first.then(second)
+    assert (both.start, both.max, both.samples, both.wall_s, both.parts) == (0.5, 8.0, 3, 90.0, 2)
+    assert both.mean == pytest.approx((3.0 * 2 + 8.0) / 3, abs=0.01)  # every sample weighs the same
+
+
+def test_a_stopped_run_goes_on_only_when_every_node_left_a_checkpoint(tmp_path: Path) -> None:
+    for peer in ("aaaaaa", "bbbbbb"):
+        (tmp_path / peer).mkdir()
+        (tmp_path / peer / "metrics.jsonl").write_text("")
+    assert not resumable(tmp_path, 2)  # stopped before any checkpoint: it starts over
+    (tmp_path / "aaaaaa" / "checkpoint.pt").write_bytes(b"x")
+    assert not resumable(tmp_path, 2)  # one node would start fresh beside a resumed partner
+    (tmp_path / "bbbbbb" / "checkpoint.prev.pt").write_bytes(b"x")  # a torn current one falls back to this
+    assert resumable(tmp_path, 2)
+    assert not resumable(tmp_path, 3)  # a node never started
 
 
 def test_a_real_lm_sweep_passes_its_adapter_and_memory_settings_to_every_node(tmp_path: Path) -> None:

@@ -269,7 +269,7 @@ def test_experiment_components_receive_the_option_defaults(tmp_path: Path) -> No
         "eval_samples": cfg.eval_samples, "max_new_tokens": cfg.max_new_tokens, "tasks": cfg.tasks,
         "num_generations": cfg.num_generations, "learning_rate": cfg.learning_rate,
         "diagnose_groups": cfg.diagnose_groups, "min_generate_s": cfg.min_generate_s,
-        "warm_start_steps": cfg.warm_start_steps,
+        "warm_start_steps": cfg.warm_start_steps, "checkpoint_every": cfg.checkpoint_every,
         # the run's place in the sweep
         "sampling": run.sampling, "local_groups": run.local, "external_groups": run.external, "seed": run.seed,
         "sync_every": run.sync_every, "swarm_id": f"exp-{run.label}-{run.local}-{run.seed}",
