@@ -195,8 +195,20 @@ def _start_dashboard(args: argparse.Namespace, log_dir: Path) -> Dashboard | Non
     return dash
 
 
+def stall_bound(args: argparse.Namespace) -> tuple[float, str]:
+    """How long no node may finish a round before ``local`` gives up, and the flags it comes from.
+
+    A held-out evaluation runs between two rounds with its own bound: a real model's takes minutes on
+    a CPU, so that bound is added, or a swarm that evaluates would be stopped as stalled.
+    """
+    if args.eval_every:
+        return args.round_timeout + args.eval_timeout_s, "--round-timeout + --eval-timeout"
+    return args.round_timeout, "--round-timeout"
+
+
 def _watch(children: list[Child], log_dir: Path, args: argparse.Namespace, stop: Any) -> None:
     last_change, last = time.monotonic(), [-1] * len(children)
+    bound, flags = stall_bound(args)
     while not stop.is_set():
         rounds, rewards = _progress(children, log_dir)
         if rounds != last:
@@ -213,8 +225,8 @@ def _watch(children: list[Child], log_dir: Path, args: argparse.Namespace, stop:
             raise CliError(
                 f"node {dead[0].index} exited early (code {dead[0].proc.returncode}); see {dead[0].log.name}"
             )
-        if time.monotonic() - last_change > args.round_timeout:
-            raise CliError(f"no node finished a round in {args.round_timeout:.0f}s; see the node logs in {log_dir}")
+        if time.monotonic() - last_change > bound:
+            raise CliError(f"no node finished a round in {bound:.0f}s ({flags}); see the node logs in {log_dir}")
         stop.wait(0.5)
 
 

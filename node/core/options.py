@@ -372,7 +372,10 @@ class LocalOptions(NodeOptions):
         0, "run the last K nodes with --external 0 (side-by-side baseline)", group="local swarm", min=0
     )
     models: str = option("", "comma-separated models assigned round-robin to nodes", group="local swarm")
-    round_timeout: float = option(120.0, "give up if no node progresses this long (s)", group="local swarm", above=0)
+    round_timeout: float = option(
+        120.0, "give up if no node progresses this long (s; with --eval-every, --eval-timeout is added)",
+        group="local swarm", above=0,
+    )  # fmt: skip
     no_dashboard: bool = option(False, "do not serve the swarm dashboard", group="local swarm")
     fresh_processes: bool = option(
         False,

@@ -309,3 +309,15 @@ def test_a_changed_option_reaches_its_component() -> None:
             break
         else:
             pytest.fail(f"no valid other value to try for {name}")
+
+
+def test_a_swarm_that_evaluates_is_not_given_up_on_while_it_evaluates() -> None:
+    """A real model's held-out evaluation takes minutes on a CPU, between two rounds: local waits for it."""
+    from node.cli.local import stall_bound
+
+    def bound(*flags: str) -> tuple[float, str]:
+        return stall_bound(build_parser().parse_args(["local", *flags]))
+
+    assert bound() == (120.0, "--round-timeout")
+    assert bound("--eval-every", "10", "--eval-timeout", "600") == (720.0, "--round-timeout + --eval-timeout")
+    assert bound("--eval-every", "0", "--eval-timeout", "600", "--round-timeout", "30") == (30.0, "--round-timeout")
