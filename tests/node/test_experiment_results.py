@@ -354,3 +354,11 @@ def test_a_real_lm_sweep_passes_its_adapter_and_memory_settings_to_every_node(tm
     assert (args.micro_batch_size, args.device, args.eval_timeout_s) == (2, "cpu", 600.0)
     default = build_parser().parse_args(local_command(ExperimentConfig(), Run("advantage", 4, 4, 0), tmp_path)[3:])
     assert (default.adapter, default.gradient_checkpointing, default.micro_batch_size) == ("none", False, 0)
+
+
+def test_the_sweep_names_the_checkpoint_files_a_node_writes() -> None:
+    """parts.py names them without importing torch; they must stay the node's names."""
+    from node.core import checkpoint
+    from node.experiments.parts import CHECKPOINT_FILES
+
+    assert CHECKPOINT_FILES == (checkpoint.CURRENT, checkpoint.PREVIOUS)
