@@ -75,6 +75,12 @@ class ExperimentConfig:
         (0,), "Outer sync settings to compare as an axis: rounds between syncs (H), 0 for none. Synced runs need "
         "nodes of one model (--models tiny-m).", group=SYNC, csv=True,
     )  # fmt: skip
+    sync_period_s: int = option(
+        0, "Synced runs sync on a shared clock every this many seconds instead of every H rounds, so nodes whose "
+        "rounds drift apart still meet (labels say +sync60s; give one H > 0 in --sync-every; 0: every H rounds).",
+        group=SYNC, flag="--sync-period", min=1, or_zero=True,
+    )  # fmt: skip
+    matchmaking_timeout_s: float = node_option("matchmaking_timeout_s", note="synced runs only")
     outer_lr: float | None = option(
         None, "Outer learning rate of synced runs (default: the node's).", group=SYNC, above=0, max=10
     )
@@ -161,6 +167,11 @@ class ExperimentConfig:
             (bool(self.sampling), "sampling is empty; use uniform, advantage or both"),
             (bool(self.sync_every) and min(self.sync_every) >= 0, "sync_every needs values >= 0, e.g. 0,10"),
             (len(set(self.sync_every)) == len(self.sync_every), "sync_every has duplicates; e.g. 0,10"),
+            (
+                not self.sync_period_s or sum(h > 0 for h in self.sync_every) == 1,
+                f"sync_period_s={self.sync_period_s} sets when every synced run syncs, so sync_every needs exactly "
+                "one value above 0 to mark them, e.g. 0,1",
+            ),
             (
                 self.aggregator in AGGREGATORS,
                 f"aggregator={self.aggregator!r}; use one of {', '.join(AGGREGATORS)}",

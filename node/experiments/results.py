@@ -260,13 +260,14 @@ def share_baseline(runs: Sequence[RunResult], samplings: Sequence[str]) -> list[
 
 
 def sync_of(label: str) -> str:
-    """The sync part of a policy label (``"+sync10"`` of ``"advantage+sync10"``), "" for an unsynced one.
+    """The sync part of a policy label (``"+sync10"`` of ``"advantage+sync10"``, ``"+sync60s"`` of a clock's),
+    "" for an unsynced one.
 
-    >>> sync_of("advantage+sync10"), sync_of("advantage+tis")
-    ('+sync10', '')
+    >>> sync_of("advantage+sync10"), sync_of("advantage+sync60s"), sync_of("advantage+tis")
+    ('+sync10', '+sync60s', '')
     """
     last = label.rpartition("+")[2]
-    return "+" + last if last.startswith("sync") and last[4:].isdigit() else ""
+    return "+" + last if last.startswith("sync") and last[4:].removesuffix("s").isdigit() else ""
 
 
 def split_order(split: str) -> tuple[int, int]:

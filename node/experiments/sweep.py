@@ -63,6 +63,7 @@ class Run:
     seed: int
     objective: str = "plain"
     sync_every: int = 0
+    sync_period_s: int = 0
 
     @property
     def split(self) -> str:
@@ -70,9 +71,10 @@ class Run:
 
     @property
     def label(self) -> str:
-        """The policy column of the tables: the sampling policy, ``+objective`` unless plain, ``+syncH`` if synced."""
+        """The policy column of the tables: the sampling policy, ``+objective`` unless plain, ``+syncH`` if synced
+        every H rounds, ``+syncPs`` if synced on a clock of P seconds."""
         label = self.sampling if self.objective == "plain" else f"{self.sampling}+{self.objective}"
-        return label + sync_suffix(self.sync_every)
+        return label + sync_suffix(self.sync_every, self.sync_period_s)
 
     @property
     def name(self) -> str:
@@ -80,9 +82,11 @@ class Run:
         return f"runs/{self.label}/{self.local}-{self.external}/seed{self.seed}"
 
 
-def sync_suffix(sync_every: int) -> str:
-    """The label suffix of a synced run (``+sync10``), "" without the sync."""
-    return f"+sync{sync_every}" if sync_every else ""
+def sync_suffix(sync_every: int, sync_period_s: int = 0) -> str:
+    """The label suffix of a synced run (``+sync10``, or ``+sync60s`` on a clock), "" without the sync."""
+    if not sync_every:
+        return ""
+    return f"+sync{sync_period_s}s" if sync_period_s else f"+sync{sync_every}"
 
 
 def plan_runs(cfg: ExperimentConfig) -> list[Run]:
@@ -94,6 +98,7 @@ def plan_runs(cfg: ExperimentConfig) -> list[Run]:
     """
     runs: list[Run] = []
     first = (cfg.sampling[0], cfg.objectives[0])
+    period = cfg.sync_period_s
     for seed in cfg.seed_values():
         for sync in cfg.sync_every:
             for sampling in cfg.sampling:
@@ -101,14 +106,26 @@ def plan_runs(cfg: ExperimentConfig) -> list[Run]:
                     for local, external in cfg.split_pairs():
                         if external == 0 and (sampling, objective) != first:
                             continue
-                        runs.append(Run(sampling, local, external, seed, objective, sync))
+                        runs.append(Run(sampling, local, external, seed, objective, sync, period))
         runs += [Run(first[0], *parse_split(s), seed, first[1]) for s in cfg.reference_splits]
     return runs
 
 
 def labels(cfg: ExperimentConfig) -> list[str]:
     """Every policy label of the sweep, in table order (the unsynced ones first)."""
-    return [Run(s, 1, 1, 0, o, h).label for h in sorted(cfg.sync_every) for s in cfg.sampling for o in cfg.objectives]
+    return [
+        Run(s, 1, 1, 0, o, h, cfg.sync_period_s).label
+        for h in sorted(cfg.sync_every)
+        for s in cfg.sampling
+        for o in cfg.objectives
+    ]
+
+
+def check_primary(cfg: ExperimentConfig) -> None:
+    """Raise ValueError naming the choices when ``cfg.primary`` is not one of the sweep's ``label:split`` rows."""
+    rows = [f"{label}:{split}" for label in labels(cfg) for split in cfg.splits]
+    if cfg.primary and cfg.primary not in rows:
+        raise ValueError(f"primary={cfg.primary!r} is not a row of this sweep; use one of {', '.join(rows)}")
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -128,7 +145,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 PER_RUN = {"sampling", "sync_every"}
 """Node options a sweep varies: each run takes one value of the axis (:class:`Run`)."""
-SYNCED_ONLY = {"outer_lr", "outer_momentum", "aggregator"}
+SYNCED_ONLY = {"outer_lr", "outer_momentum", "aggregator", "sync_period_s", "matchmaking_timeout_s"}
 """Node options a sweep passes only to its synced runs (a node says a sync setting without a sync is idle)."""
 
 

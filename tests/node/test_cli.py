@@ -80,8 +80,9 @@ def _out_of_range(meta: Any, kind: Any) -> float:
     if meta["above"] is not None:
         return float(meta["above"])
     if meta["min"] is not None:
-        step = 1 if kind is int and not meta["or_zero"] else 0.5
-        return meta["min"] - step  # type: ignore[no-any-return]
+        if kind is int:  # below an int's 0-or-at-least-min range is a negative number
+            return -1 if meta["or_zero"] else meta["min"] - 1
+        return meta["min"] - 0.5  # type: ignore[no-any-return]
     if meta["below"] is not None:
         return float(meta["below"])
     return meta["max"] + 1  # type: ignore[no-any-return]

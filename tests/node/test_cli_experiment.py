@@ -22,12 +22,12 @@ SPELLINGS_BEFORE_ONE_GENERATOR = [
 ]  # fmt: skip
 """``swarm-node experiment --help``'s field flags, in order, from when the command had a generator of its own."""
 ADDED_SINCE = [
-    "--lr-schedule", "--lr-decay-rounds", "--lr-floor",
+    "--sync-period", "--sync-window", "--lr-schedule", "--lr-decay-rounds", "--lr-floor",
     "--adapter", "--lora-rank", "--gradient-checkpointing", "--micro-batch", "--device", "--eval-timeout",
     "--checkpoint-every",
 ]  # fmt: skip
-"""Flags added after that (a learning-rate schedule, a real LM's sweep, runs in parts), each the node's own
-spelling."""
+"""Flags added after that (a sync on a clock, a learning-rate schedule, a real LM's sweep, runs in parts), each
+the node's own spelling."""
 
 
 def _fields(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

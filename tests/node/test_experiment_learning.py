@@ -86,3 +86,35 @@ def test_bad_sync_settings_name_the_fix() -> None:
         ExperimentConfig(sync_every=("x",))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="duplicates"):
         ExperimentConfig(sync_every=(10, 10))
+    with pytest.raises(ValueError, match="exactly one value above 0"):
+        ExperimentConfig(sync_every=(0, 2, 10), sync_period_s=60)  # a clock would make sync2 and sync10 one run
+    with pytest.raises(ValueError, match="--sync-period must be 0 or >= 1"):
+        ExperimentConfig(sync_every=(0, 2), sync_period_s=-5)
+
+
+def test_a_sync_on_a_clock_reaches_only_the_synced_runs_and_its_label_says_the_period() -> None:
+    from node.cli.main import build_parser
+
+    cfg = ExperimentConfig(
+        splits=("4/0", "2/2"), sync_every=(0, 2), sync_period_s=60, matchmaking_timeout_s=20.0, seeds=1
+    )
+    runs = plan_runs(cfg)
+    assert [(r.label, r.split) for r in runs] == [
+        ("advantage", "4/0"), ("advantage", "2/2"), ("advantage+sync60s", "4/0"), ("advantage+sync60s", "2/2")
+    ]  # fmt: skip
+    assert labels(cfg) == ["advantage", "advantage+sync60s"] and sync_of("advantage+sync60s") == "+sync60s"
+    assert runs[3].name == "runs/advantage+sync60s/2-2/seed0"
+    synced = build_parser().parse_args(local_command(cfg, runs[3], Path("x"))[3:])
+    assert (synced.sync_period_s, synced.matchmaking_timeout_s, synced.sync_every) == (60.0, 20.0, 2)
+    alone = build_parser().parse_args(local_command(cfg, runs[1], Path("x"))[3:])
+    assert (alone.sync_period_s, alone.matchmaking_timeout_s, alone.sync_every) == (0.0, 5.0, 0)  # no sync at all
+
+
+def test_a_primary_that_is_no_row_of_the_sweep_names_the_rows() -> None:
+    from node.experiments.sweep import check_primary
+
+    cfg = ExperimentConfig(splits=("4/0", "2/2"), sync_every=(0, 2), sync_period_s=60, primary="advantage+sync2:2/2")
+    with pytest.raises(ValueError, match=r"not a row of this sweep; use one of .*advantage\+sync60s:2/2"):
+        check_primary(cfg)
+    check_primary(dataclasses.replace(cfg, primary="advantage+sync60s:2/2"))
+    check_primary(dataclasses.replace(cfg, primary=""))
