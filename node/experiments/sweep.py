@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from node.core.options import LocalOptions, to_argv
+from node.core.options import LocalOptions, check_options, to_argv
 from node.experiments.config import ExperimentConfig
 from node.experiments.learning import heldout_table, plot_heldout, summarize_heldout
 from node.experiments.parts import LOAD, RunLoad, load_line, read_load, resumable
@@ -150,7 +150,13 @@ SYNCED_ONLY = {"outer_lr", "outer_momentum", "aggregator", "sync_period_s", "mat
 
 
 def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path, resume: bool = False) -> list[str]:
-    """The ``swarm-node local`` command line of one run (flags generated from :class:`LocalOptions`).
+    """The ``swarm-node local`` command line of one run (flags generated from :class:`LocalOptions`)."""
+    opts = local_options(cfg, run, run_dir, resume)
+    return [sys.executable, "-m", "node", "local", *to_argv(opts, only="changed")]
+
+
+def local_options(cfg: ExperimentConfig, run: Run, run_dir: Path, resume: bool = False) -> LocalOptions:
+    """The ``swarm-node local`` options of one run.
 
     Every sweep field that is a node option of the same name passes through
     (None: the node's default); the run's place in the sweep sets the rest. ``resume``: every node goes
@@ -168,7 +174,16 @@ def local_command(cfg: ExperimentConfig, run: Run, run_dir: Path, resume: bool =
         no_dashboard=True, min_token_logp=objective.min_token_logp, is_cap=objective.is_cap,
         baseline=objective.baseline, resume=resume,
     )  # fmt: skip
-    return [sys.executable, "-m", "node", "local", *to_argv(opts, only="changed")]
+    return opts
+
+
+def check_runs(cfg: ExperimentConfig) -> None:
+    """Raise ValueError naming the first run a node would refuse, and why, before any run starts."""
+    for run in plan_runs(cfg):
+        try:
+            check_options(local_options(cfg, run, Path(cfg.out) / run.name))
+        except ValueError as e:
+            raise ValueError(f"run {run.label} {run.split} seed {run.seed} would stop at once: {e}") from None
 
 
 def rounds_done(run_dir: Path) -> int:

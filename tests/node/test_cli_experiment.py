@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from node.cli.configfile import subcommand_parser
 from node.cli.flags import add_option_flags
@@ -84,3 +87,15 @@ def test_a_sweep_default_unlike_a_nodes_says_so_in_its_help() -> None:
     for f in dataclasses.fields(ExperimentConfig):
         if f.name in node and f.name not in axes and f.default not in (node[f.name], None, ()):
             assert "a node's" in f.metadata["help"], f"{f.name}: {f.default!r} vs a node's {node[f.name]!r}"
+
+
+def test_a_sweep_with_a_run_its_nodes_would_refuse_stops_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from node.cli.main import main
+
+    out = tmp_path / "sweep"
+    assert main(["experiment", "--splits", "2/0,1/1", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("swarm-node: error: run advantage 1/1 seed 0 would stop at once: --max-source-share")
+    assert len(err.splitlines()) == 1 and not out.exists()
