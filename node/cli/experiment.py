@@ -45,12 +45,11 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def run_experiment_cli(args: argparse.Namespace) -> int:
     """Entry point of ``swarm-node experiment``; returns the exit status."""
-    from node.experiments.sweep import check_primary, check_runs, run_sweep
+    from node.experiments.sweep import check_sweep, run_sweep
 
     try:
         cfg = config_from_args(args)
-        check_primary(cfg)
-        check_runs(cfg)
+        check_sweep(cfg)
     except ValueError as e:
         raise CliError(str(e)) from None
     signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops the current run cleanly, like Ctrl-C

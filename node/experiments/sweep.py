@@ -177,8 +177,10 @@ def local_options(cfg: ExperimentConfig, run: Run, run_dir: Path, resume: bool =
     return opts
 
 
-def check_runs(cfg: ExperimentConfig) -> None:
-    """Raise ValueError naming the first run a node would refuse, and why, before any run starts."""
+def check_sweep(cfg: ExperimentConfig) -> None:
+    """Raise ValueError, before any run starts, when ``--primary`` is no row of the sweep or a node would
+    refuse one of its runs (naming the run and the node's reason)."""
+    check_primary(cfg)
     for run in plan_runs(cfg):
         try:
             check_options(local_options(cfg, run, Path(cfg.out) / run.name))
