@@ -57,6 +57,7 @@ from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.dialhints import DialHints
 from swarm.sync.direct import host_of
 from swarm.sync.errors import BadBytes, GroupMismatch, PeerLost
+from swarm.sync.notices import EarlyNotices, cause_of, notice, tell, worth_telling
 from swarm.sync.pieces import Part, SliceReduction
 from swarm.sync.records import valid_origin
 from swarm.sync.robust import Suspicion, as_array, norm
@@ -67,7 +68,9 @@ from swarm.sync.wire import check_ok, check_weight, read_header, read_payload, s
 logger = logging.getLogger(__name__)
 
 Hook = Callable[[str, int], "str | None"]
-"""Test seam: called as ``hook(phase, revision)``; may return "drop" at phase "send"."""
+"""Test seam: called as ``hook(phase, revision)``; may return "drop" at phase "send" (send nothing, wait for
+the deadline) or "lose" there (the stream to each owner closes, as a reset stream does, once this member
+has served its own slice: its partners then wait for its parts)."""
 
 MAX_WAITING_PER_PEER = 4
 """Parts from one sender that may wait at once for this member to register their group."""
@@ -186,6 +189,9 @@ class SyncService:
         self._expected: tuple[int, frozenset[str]] | None = None
         self._waiting: dict[str, int] = {}
         self._ping_slots: asyncio.Semaphore | None = None  # made on the loop, at first use
+        self._early = EarlyNotices()
+        self._notices: set[asyncio.Future[int]] = set()
+        """Abort notices this member is sending (swarm.sync.notices), held so they are not collected."""
         self.hints = DialHints()
         """Peers' published addresses, dialled when one cannot be reached otherwise (swarm.sync.dialhints)."""
 
@@ -197,6 +203,8 @@ class SyncService:
     async def stop(self) -> None:
         for rnd in list(self._rounds.values()):
             rnd.fail("shutting down", AbortCause.SHUTTING_DOWN)
+        for t in list(self._notices):
+            t.cancel()
         try:
             await self._p2p.remove_binary_stream_handler(self._name)
         except Exception as e:
@@ -229,6 +237,9 @@ class SyncService:
                 await write_frame(writer, {"ok": True}, b"", self._chunk_timeout)
             elif header.get("op") == "state":
                 await self._serve_state(writer)
+            elif header.get("op") == "abort":
+                self._member_gave_up(info.peer_id.to_base58(), header)
+                await write_frame(writer, {"ok": True}, b"", self._chunk_timeout)
             else:
                 await send_error(writer, "unknown op", self._chunk_timeout)
         except Exception as e:  # a server never crashes on a peer's stream: refuse and log
@@ -414,23 +425,49 @@ class SyncService:
         lo, hi = plan.bounds()[index]
         rnd = _Round(plan, index, self._me, average[lo:hi], lambda: self._remaining(plan))
         self._rounds[plan.group_id] = rnd
+        early = self._early.take(plan.group_id, plan.members)
         background: list[asyncio.Future[None]] = []
         try:
+            if early is not None:  # a member's notice came before this member's own DHT reads decided
+                raise SyncAborted(f"{early[0][-6:]} gave up ({early[1]})", AbortCause.ABORTED_BY_MEMBER)
             return await self._allreduce(plan, rnd, flat, weight, average, background)
         except SyncAborted as e:
-            rnd.fail(e.reason, e.cause)
-            raise
+            raise self._give_up(rnd, e) from None
         except TimeoutError:
-            rnd.fail("all-reduce timeout", AbortCause.ALLREDUCE_TIMEOUT)
-            raise SyncAborted("all-reduce timeout", AbortCause.ALLREDUCE_TIMEOUT) from None
+            raise self._give_up(rnd, SyncAborted("all-reduce timeout", AbortCause.ALLREDUCE_TIMEOUT)) from None
         except Exception as e:  # P2P daemon and connection errors of any kind
             rnd.fail(type(e).__name__)
-            raise SyncAborted(f"all-reduce failed: {type(e).__name__}: {e}") from None
+            raise self._give_up(rnd, SyncAborted(f"all-reduce failed: {type(e).__name__}: {e}")) from None
         finally:
             for t in background:
                 t.cancel()
             self._rounds.pop(plan.group_id, None)
             self._finished.append(plan.group_id)
+
+    def _give_up(self, rnd: _Round, e: SyncAborted) -> SyncAborted:
+        """Fail ``rnd`` here and, unless a partner's notice failed it, tell the partners (swarm.sync.notices)."""
+        rnd.fail(e.reason, e.cause)
+        plan, root = rnd.plan, rnd.red.failed or e
+        if worth_telling(root.cause, plan.deadline - self._clock()):
+            partners = [m for m in plan.members if m != self._me]
+            header = notice(plan.group_id, plan.revision, root.cause)
+            task = asyncio.ensure_future(tell(self._dial, partners, header, self._chunk_timeout))
+            self._notices.add(task)
+            task.add_done_callback(self._notices.discard)
+        return e
+
+    def _member_gave_up(self, sender: str, header: dict[str, Any]) -> None:
+        """A partner's abort notice: fail the round it names, or keep it for a round this member is about to
+        register (as a part would wait); GroupMismatch for anything else."""
+        gid, revision, cause = header.get("group"), header.get("revision"), cause_of(header)
+        rnd = self._rounds.get(gid) if isinstance(gid, str) else None
+        if rnd is not None and sender != self._me and sender in rnd.plan.members and revision == rnd.plan.revision:
+            logger.info("[%s rev=%d] %s gave up on the round (%s)", self._me[-6:], revision, sender[-6:], cause)
+            rnd.fail(f"{sender[-6:]} gave up ({cause})", AbortCause.ABORTED_BY_MEMBER)
+        elif rnd is None and isinstance(gid, str) and gid not in self._finished and self._may_wait(sender, revision):
+            self._early.keep(gid, sender, cause)
+        else:
+            raise GroupMismatch("no round of this member's to end")
 
     async def _allreduce(
         self,
@@ -502,9 +539,15 @@ class SyncService:
     async def _exchange(self, plan: RoundPlan, j: int, weight: int, part: Part, dest: np.ndarray) -> bytes:
         """Send this member's part of slice ``j`` to its owner while the reduced slice it returns streams into
         ``dest``; return the sha256 of that slice's bytes."""
-        if self._call_hook("send", plan.revision) == "drop":
+        injected = self._call_hook("send", plan.revision)
+        if injected == "drop":
             await asyncio.sleep(self._remaining(plan))
             raise SyncAborted("all-reduce timeout (part dropped)", AbortCause.ALLREDUCE_TIMEOUT)
+        if injected == "lose":
+            served = self._rounds[plan.group_id].all_replied.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(served, self._remaining(plan))
+            raise PeerLost("stream closed before a frame header (injected)")
         peer = plan.members[j]
         timeout = min(self._chunk_timeout, self._remaining(plan))
         info, reader, writer = await asyncio.wait_for(
