@@ -88,13 +88,15 @@ class AbortCause(StrEnum):
 class SyncAborted(RuntimeError):
     """A sync round failed on this member (dead peer, timeout, bad bytes, group mismatch).
 
-    ``cause`` is what metrics count; ``reason`` the detail for the log.
+    ``cause`` is what metrics count; ``reason`` the detail for the log; ``by`` the member whose abort
+    notice ended the round (:mod:`swarm.sync.notices`), "" otherwise.
     """
 
-    def __init__(self, reason: str, cause: AbortCause = AbortCause.ALLREDUCE_FAILED) -> None:
+    def __init__(self, reason: str, cause: AbortCause = AbortCause.ALLREDUCE_FAILED, by: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.cause = cause
+        self.by = by
 
 
 @dataclass
