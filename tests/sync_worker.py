@@ -7,8 +7,7 @@ lines to ``--report``: ``ready`` (with its multiaddrs), every sync report,
 (``--fault PHASE:REVISION:ACTION``, PHASE one of matchmade, send, sent,
 reduced, allreduced, voted): ``stop`` makes the process SIGSTOP itself at that
 phase (the test then SIGKILLs or SIGSTOPs/SIGCONTs its whole process group),
-``drop`` makes it silently not send its all-reduce parts that round, ``lose`` makes its streams to the
-owners close once it served its own slice (it then gives up and says so), ``leave`` asks its sync to leave
+``drop`` makes it silently not send its all-reduce parts that round, ``leave`` asks its sync to leave
 (``OuterSync.cancel``, what a node does when a signal asks it to leave).
 
 ``--eager`` drives the sync through :class:`swarm.sync.runner.SyncRunner`
@@ -63,12 +62,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--go-file", default="")
     p.add_argument("--stop-file", default="")
     p.add_argument("--linger", type=float, default=30.0, help="keep serving state this long after training")
-    p.add_argument(
-        "--fault",
-        action="append",
-        default=[],
-        help="PHASE:REVISION:ACTION (stop|drop|lose|leave); REVISION * (drop, lose): every round",
-    )
+    p.add_argument("--fault", action="append", default=[], help="PHASE:REVISION:ACTION (stop|drop)")
     p.add_argument("--aggregator", default="mean")
     p.add_argument("--outer-lr", type=float, default=0.7, help="outer_lr")
     p.add_argument("--outer-momentum", type=float, default=0.9, help="outer_momentum (0: the state keeps none)")
@@ -93,7 +87,7 @@ def _hook(faults: list[str], out: Reporter, leave: list[Any]) -> Any:
     pending = {tuple(f.split(":")[:2]): f.split(":")[2] for f in faults}
 
     def hook(phase: str, revision: int) -> str | None:
-        action = pending.get((phase, str(revision))) or pending.get((phase, "*"))
+        action = pending.get((phase, str(revision)))
         if action == "leave":  # the leave request arrives mid-round (as the node's signal watcher sends it)
             del pending[(phase, str(revision))]
             out.write(event="phase", phase=phase, revision=revision, pid=os.getpid(), time=time.time())
@@ -102,7 +96,7 @@ def _hook(faults: list[str], out: Reporter, leave: list[Any]) -> Any:
             del pending[(phase, str(revision))]
             out.write(event="phase", phase=phase, revision=revision, pid=os.getpid(), time=time.time())
             os.kill(os.getpid(), signal.SIGSTOP)
-        return action if action in ("drop", "lose") else None
+        return action if action == "drop" else None
 
     return hook
 

@@ -151,8 +151,8 @@ class _Round:
         if self.replied >= len(self.plan.members) - 1:
             self.all_replied.set()
 
-    def fail(self, reason: str, cause: AbortCause = AbortCause.ALLREDUCE_FAILED, by: str = "") -> None:
-        self.red.fail(reason, cause, by)
+    def fail(self, reason: str, cause: AbortCause = AbortCause.ALLREDUCE_FAILED) -> None:
+        self.red.fail(reason, cause)
 
 
 class SyncService:
@@ -429,7 +429,7 @@ class SyncService:
         background: list[asyncio.Future[None]] = []
         try:
             if early is not None:  # a member's notice came before this member's own DHT reads decided
-                raise SyncAborted(f"{early[0][-6:]} gave up ({early[1]})", AbortCause.ABORTED_BY_MEMBER, early[0])
+                raise SyncAborted(f"{early[0][-6:]} gave up ({early[1]})", AbortCause.ABORTED_BY_MEMBER)
             return await self._allreduce(plan, rnd, flat, weight, average, background)
         except SyncAborted as e:
             raise self._give_up(rnd, e) from None
@@ -445,10 +445,7 @@ class SyncService:
             self._finished.append(plan.group_id)
 
     def _give_up(self, rnd: _Round, e: SyncAborted) -> SyncAborted:
-        """Fail ``rnd`` here and, unless a partner's notice failed it, tell the partners (swarm.sync.notices).
-
-        Returns what this member reports: the notice that ended the round, if one did (it names the
-        partner, whom the veto count then holds to it), or ``e``."""
+        """Fail ``rnd`` here and, unless a partner's notice failed it, tell the partners (swarm.sync.notices)."""
         rnd.fail(e.reason, e.cause)
         plan, root = rnd.plan, rnd.red.failed or e
         if worth_telling(root.cause, plan.deadline - self._clock()):
@@ -457,7 +454,7 @@ class SyncService:
             task = asyncio.ensure_future(tell(self._dial, partners, header, self._chunk_timeout))
             self._notices.add(task)
             task.add_done_callback(self._notices.discard)
-        return root if root.cause is AbortCause.ABORTED_BY_MEMBER else e
+        return e
 
     def _member_gave_up(self, sender: str, header: dict[str, Any]) -> None:
         """A partner's abort notice: fail the round it names, or keep it for a round this member is about to
@@ -466,7 +463,7 @@ class SyncService:
         rnd = self._rounds.get(gid) if isinstance(gid, str) else None
         if rnd is not None and sender != self._me and sender in rnd.plan.members and revision == rnd.plan.revision:
             logger.info("[%s rev=%d] %s gave up on the round (%s)", self._me[-6:], revision, sender[-6:], cause)
-            rnd.fail(f"{sender[-6:]} gave up ({cause})", AbortCause.ABORTED_BY_MEMBER, sender)
+            rnd.fail(f"{sender[-6:]} gave up ({cause})", AbortCause.ABORTED_BY_MEMBER)
         elif rnd is None and isinstance(gid, str) and gid not in self._finished and self._may_wait(sender, revision):
             self._early.keep(gid, sender, cause)
         else:

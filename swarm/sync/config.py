@@ -88,15 +88,13 @@ class AbortCause(StrEnum):
 class SyncAborted(RuntimeError):
     """A sync round failed on this member (dead peer, timeout, bad bytes, group mismatch).
 
-    ``cause`` is what metrics count; ``reason`` the detail for the log; ``by`` the member whose abort
-    notice ended the round (:mod:`swarm.sync.notices`), "" otherwise.
+    ``cause`` is what metrics count; ``reason`` the detail for the log.
     """
 
-    def __init__(self, reason: str, cause: AbortCause = AbortCause.ALLREDUCE_FAILED, by: str = "") -> None:
+    def __init__(self, reason: str, cause: AbortCause = AbortCause.ALLREDUCE_FAILED) -> None:
         super().__init__(reason)
         self.reason = reason
         self.cause = cause
-        self.by = by
 
 
 @dataclass

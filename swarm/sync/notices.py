@@ -9,13 +9,11 @@ epochs too. So the member that gives up sends every partner a one-frame
 the round fails it with :attr:`AbortCause.ABORTED_BY_MEMBER`.
 
 A notice only ends a round its sender is a member of (the stream's peer id comes
-from libp2p, not from the frame), and it counts as that member's veto
-(:mod:`swarm.sync.vetoes`), as an abort vote would: a member that ends every
-round by notice is left out at the third, as one that votes abort is. A notice
-that arrives before its receiver has registered the round (its DHT reads can
-finish later than the sender's) is kept, bounded, only while the receiver is
-matchmaking at that revision and has read the sender's join record, as parts
-wait (:meth:`swarm.sync.allreduce.SyncService.expect`).
+from libp2p, not from the frame): that member could end the round anyway by
+withholding its part. A notice that arrives before its receiver has registered
+the round (its DHT reads can finish later than the sender's) is kept, bounded,
+only while the receiver is matchmaking at that revision and has read the
+sender's join record, as parts wait (:meth:`swarm.sync.allreduce.SyncService.expect`).
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -422,12 +422,7 @@ class OuterSync:
         except SyncAborted as e:
             self._records.vote(plan, ABORT_DIGEST)
             self._log(logging.WARNING, "all-reduce failed: %s; discarding the round", e.reason)
-            report = self._report(t0, e.cause, len(plan.members), 0, caught_up, plan.group_id)
-            if e.by:  # a partner's notice ended it: that partner's veto, as an abort vote would be
-                vetoed = {p: Suspicion.VETOED for p in self._vetoes.observe(plan.members, self.peer_id, [e.by])}
-                report.suspects = {p: why.value for p, why in vetoed.items()}
-                self._leave_out(vetoed)
-            return report
+            return self._report(t0, e.cause, len(plan.members), 0, caught_up, plan.group_id)
         allreduce_s = self._clock() - t_ar
         if self._hook is not None:
             self._hook("allreduced", snap.revision)
@@ -497,23 +492,19 @@ class OuterSync:
     ) -> SyncReport:
         report = self._report(t0, cause, len(plan.members), got.sent, caught_up, plan.group_id)
         report.suspects = {peer: why.value for peer, why in got.suspects.items()}
-        self._leave_out(got.suspects)
-        return report
-
-    def _leave_out(self, suspects: Mapping[str, Suspicion]) -> None:
-        """Trust no suspect for catch-up; leave those ``BANNED_FOR`` out of groups for ``suspect_ban_s``.
-
-        A lying reducer makes every round it is in abort, and a garbage part is sent to every reducer."""
-        self._catchup.distrust(suspects)
+        # A lying reducer makes every round it is in abort, and a garbage part is sent to every
+        # reducer: leave both out of the next groups (BANNED_FOR). No suspect is trusted for catch-up.
+        self._catchup.distrust(got.suspects)
         now = self._clock()
         until = now + self.cfg.suspect_ban_s
         banned = self._records.banned
         for peer in [p for p, t in banned.items() if t <= now]:
             del banned[peer]
-        for peer, why in suspects.items():
+        for peer, why in got.suspects.items():
             if why in BANNED_FOR:
                 self._log(logging.WARNING, "leaving %s out of sync groups for %.0f s", peer, self.cfg.suspect_ban_s)
                 banned[peer] = until
+        return report
 
     def _plan(self, decision: GroupDecision, snap: Snapshot) -> RoundPlan:
         cfg = self.cfg

@@ -197,9 +197,9 @@ class SliceReduction:
     async def done(self) -> None:
         await self._wait(lambda: self.produced == len(self.pieces))
 
-    def fail(self, reason: str, cause: AbortCause = AbortCause.ALLREDUCE_FAILED, by: str = "") -> None:
+    def fail(self, reason: str, cause: AbortCause = AbortCause.ALLREDUCE_FAILED) -> None:
         if self._error is None:
-            self._error = SyncAborted(reason, cause, by)
+            self._error = SyncAborted(reason, cause)
         self._notify()
 
     @property

@@ -12,9 +12,7 @@ out of this peer's groups for the suspect ban (``OuterSyncConfig.suspect_ban_s``
 An abort ends the round for every member that reads it, and each member counts
 its own vote as seen (``SyncRecords`` adds it when a read misses it), so the
 honest members of a group count the same vetoes and leave the vetoer out
-together, whichever of their reads or pings ended the round. An abort notice
-(:mod:`swarm.sync.notices`) ending a round's all-reduce is its sender's veto too:
-every partner gets the same notice. Pure: no clock, no I/O.
+together, whichever of their reads or pings ended the round. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
