@@ -77,7 +77,8 @@ MAX_WAITING_PER_PEER = 4
 MAX_WAITING = 64
 """Parts from all senders that may wait at once (bounds what a flood of streams can hold)."""
 MAX_PINGS = 32
-"""Outbound pings in flight at once (a page of ghost join records cannot open hundreds of dials)."""
+"""Outbound one-frame asks (pings, abort notices) dialling at once (a page of ghost join records cannot
+open hundreds of dials)."""
 PING_TRIES = 2
 """Pings per check when the stream closes before an answer (a timeout or a dial error is not retried)."""
 INDIRECT_FOR_S = 600.0
@@ -451,7 +452,7 @@ class SyncService:
         if worth_telling(root.cause, plan.deadline - self._clock()):
             partners = [m for m in plan.members if m != self._me]
             header = notice(plan.group_id, plan.revision, root.cause)
-            task = asyncio.ensure_future(tell(self._dial, partners, header, self._chunk_timeout))
+            task = asyncio.ensure_future(tell(self.ask, partners, header))
             self._notices.add(task)
             task.add_done_callback(self._notices.discard)
         return e
@@ -646,12 +647,10 @@ class SyncService:
 
     async def ping(self, peer: str, timeout: float) -> bool:
         """Whether ``peer`` answers a ping on this service's stream within ``timeout`` s (never raises)."""
-        if self._ping_slots is None:
-            self._ping_slots = asyncio.Semaphore(MAX_PINGS)
         end = time.monotonic() + timeout
         for _ in range(PING_TRIES):
             try:
-                return await asyncio.wait_for(self._ping(peer, self._ping_slots), max(0.01, end - time.monotonic()))
+                return await asyncio.wait_for(self.ask(peer, {"op": "ping"}), max(0.01, end - time.monotonic()))
             except (PeerLost, ConnectionError) as e:
                 # the stream closed under us before any answer, as a live peer's daemon sometimes does to a
                 # fresh stream under full CPU load; left out, that member would abort the round: ask once
@@ -690,11 +689,15 @@ class SyncService:
         logger.debug("[%s] connected to %s through its published addresses", self._me[-6:], peer[-6:])
         return True
 
-    async def _ping(self, peer: str, slots: asyncio.Semaphore) -> bool:
-        async with slots:
+    async def ask(self, peer: str, header: dict[str, Any]) -> bool:
+        """Send ``header`` to ``peer``'s handler on a fresh stream; whether it answered ok (raises on a dial or
+        stream error). At most ``MAX_PINGS`` dials at once."""
+        if self._ping_slots is None:
+            self._ping_slots = asyncio.Semaphore(MAX_PINGS)
+        async with self._ping_slots:
             _, reader, writer = await self._dial(peer)
         try:
-            await write_frame(writer, {"op": "ping"}, b"", self._chunk_timeout)
+            await write_frame(writer, header, b"", self._chunk_timeout)
             return (await read_header(reader, self._chunk_timeout)).get("ok") is True
         finally:
             writer.close()

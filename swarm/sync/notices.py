@@ -25,7 +25,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from swarm.sync.config import AbortCause
-from swarm.sync.wire import read_header, write_frame
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +35,8 @@ MIN_LEAD_S = 0.25
 MAX_EARLY = 64
 """Notices kept for rounds their receiver has not registered yet (the oldest goes first)."""
 
-Dial = Callable[[str], Awaitable[tuple[Any, asyncio.StreamReader, asyncio.StreamWriter]]]
+Ask = Callable[[str, dict[str, Any]], Awaitable[bool]]
+"""Sends one frame to a peer on a fresh stream; whether it answered ok (:meth:`SyncService.ask`)."""
 
 
 def notice(group_id: str, revision: int, cause: AbortCause) -> dict[str, Any]:
@@ -65,23 +65,15 @@ def cause_of(header: dict[str, Any]) -> str:
     return cause if isinstance(cause, str) and cause in values else "unknown"
 
 
-async def tell(dial: Dial, partners: Iterable[str], header: dict[str, Any], chunk_timeout: float) -> int:
+async def tell(ask: Ask, partners: Iterable[str], header: dict[str, Any]) -> int:
     """Send ``header`` to every partner at once, each under ``NOTICE_TIMEOUT_S``; return how many took it.
 
     Never raises: a partner that cannot be reached ends the round at its deadline, as before.
     """
 
-    async def one(peer: str) -> bool:
-        _, reader, writer = await dial(peer)
-        try:
-            await write_frame(writer, header, b"", chunk_timeout)
-            return (await read_header(reader, chunk_timeout)).get("ok") is True
-        finally:
-            writer.close()
-
     async def bounded(peer: str) -> bool:
         try:
-            return await asyncio.wait_for(one(peer), NOTICE_TIMEOUT_S)
+            return await asyncio.wait_for(ask(peer, header), NOTICE_TIMEOUT_S)
         except Exception as e:  # unreachable, reset, refused, timed out: that partner keeps its deadline
             logger.debug("abort notice to %s not delivered: %s", peer[-6:], type(e).__name__)
             return False

@@ -18,12 +18,11 @@ from typing import Any
 
 import pytest
 import torch
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import P2P
 
 from swarm.sync.allreduce import AllReduceResult, RoundPlan, Snapshot, SyncService
 from swarm.sync.config import AbortCause, SyncAborted
 from swarm.sync.notices import MAX_EARLY, EarlyNotices, cause_of, notice, worth_telling
-from swarm.sync.wire import read_header, write_frame
 
 N = 50_000
 DEADLINE_S = 20.0
@@ -84,12 +83,7 @@ async def _rounds(services: Sequence[SyncService], plan: RoundPlan) -> list[Any]
 
 async def _send_notice(sender: SyncService, to: SyncService, header: dict[str, Any]) -> bool:
     """Whether ``to`` took ``header`` from ``sender`` (its answer's ``ok``)."""
-    _, reader, writer = await sender._p2p.call_binary_stream_handler(PeerID.from_base58(to._me), "test.sync")
-    try:
-        await write_frame(writer, header, b"", 5.0)
-        return (await read_header(reader, 5.0)).get("ok") is True
-    finally:
-        writer.close()
+    return await sender.ask(to._me, header)
 
 
 def _run(body: Callable[[], Awaitable[None]]) -> None:
