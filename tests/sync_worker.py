@@ -32,6 +32,7 @@ import os
 import resource
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,7 +68,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--outer-lr", type=float, default=0.7, help="outer_lr")
     p.add_argument("--outer-momentum", type=float, default=0.9, help="outer_momentum (0: the state keeps none)")
     p.add_argument(
-        "--poison", default="", choices=["", "huge", "noise", "liar", "veto", "flip"], help="be a hostile member"
+        "--poison",
+        default="",
+        choices=["", "huge", "noise", "liar", "veto", "flip", "takeover"],
+        help="be a hostile member",
     )
     p.add_argument("--drift", type=float, default=0.0, help="add this x a direction shared by all peers to each step")
     p.add_argument("--step-scale", type=float, default=0.01, help="standard deviation of each inner step's noise")
@@ -180,6 +184,51 @@ def _flip_model(sync: Any, model: Any) -> None:
     load_flat(model, anchor + 3.9 * (anchor - flatten(model)))  # pseudo-gradient (anchor - weights) reversed
 
 
+TAKEOVER_REVISION = 1_000_000
+"""How far past its real revision a ``--poison takeover`` member claims the state it serves is."""
+
+
+class _TakeOver(threading.Thread):
+    """After one honest commit: sign state records one revision past the others', serve a made-up state.
+
+    The catch-up takeover of issue 51's round 3: as a partner of a committed round this member is trusted, so
+    its record one revision ahead of every honest peer's is followed on its word (contested, or lone); the
+    state it then serves claims revision +1,000,000, which once widened the distance bound a millionfold.
+    """
+
+    def __init__(self, sync: Any, out: Any, report: str, halt: float) -> None:
+        import torch
+
+        from swarm.sync.allreduce import Snapshot
+        from swarm.sync.tensors import state_hash
+
+        super().__init__(daemon=True)
+        snap = sync._snap
+        n = snap.anchor.numel()
+        anchor = 0.1 * torch.randn(n, generator=torch.Generator().manual_seed(666))  # a made-up model's scale
+        momentum = torch.zeros(snap.momentum.numel())
+        revision = snap.revision + TAKEOVER_REVISION
+        self.fake = Snapshot(revision, state_hash(anchor, momentum, snap.origin), anchor, momentum, snap.origin)
+        self.sync, self.out, self.end = sync, out, time.time() + halt
+        sync._snap = self.fake  # what its sync service serves from now on
+        torch.save(anchor, report + ".fake.pt")  # the test measures honest anchors' distance to it
+        out.write(event="hijack", time=time.time(), revision=revision, state_hash=self.fake.state_hash)
+
+    def run(self) -> None:
+        records, claimed = self.sync._records, -1
+        while time.time() < self.end:
+            states = records.read_states()
+            others = [
+                r.revision for p, r in states.items() if p != self.sync.peer_id and r.revision < TAKEOVER_REVISION
+            ]
+            ahead = max(others, default=0) + 1
+            if ahead != claimed:  # one record just past every honest peer's: theirs is the state it "moved on" from
+                records.publish_state(ahead, os.urandom(32).hex(), self.fake.origin)
+                claimed = ahead
+                self.out.write(event="claim", time=time.time(), revision=ahead)
+            time.sleep(0.1)
+
+
 def _wait_file(path: str, timeout: float) -> None:
     """Wait (polling, bounded) for the test's go file: the condition that releases all peers at once."""
     end = time.time() + timeout
@@ -231,11 +280,14 @@ class _Loop:
         """The sync under way: the step and time it started at (and, with --dump, its pseudo-gradient)."""
         # every inner update this worker made, summed: the progress that must end up in an average or pending
         self.own_total = flatten(model).zero_() if args.dump else None
+        self.takeover: _TakeOver | None = None
 
     def run(self) -> None:
         t0 = time.time()
         for step in range(1, self.args.steps + 1):
             if self.args.halt_file and Path(self.args.halt_file).exists():
+                break
+            if self.takeover is not None:  # the hijacker stops syncing and only serves its made-up state
                 break
             self._inner_step(step)
             self._boundary(step)
@@ -304,6 +356,9 @@ class _Loop:
                 # a merge keeps the weights: they are this peer's part in the new history's next average
                 self.started["weights_kept"] = weights == _digest(self.model)
             self._write(report, step)
+            if self.args.poison == "takeover" and report.committed and self.takeover is None:
+                self.takeover = _TakeOver(self.sync, self.out, self.args.report, self.args.linger)
+                self.takeover.start()
         # a sync started in this call: none ran before it, or the one that ran was just applied
         if runner is not None and runner.busy and (report is not None or not busy):
             self.started = {"step": step, "time": t0, **(self._job_view(step) if self.args.dump else {})}

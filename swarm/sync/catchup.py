@@ -32,12 +32,14 @@ import torch
 from swarm.sync.allreduce import Snapshot
 from swarm.sync.config import AbortCause, OuterSyncConfig, SyncAborted
 from swarm.sync.decide import (
+    MAX_CONTESTED_AHEAD,
     CatchUp,
     CatchUpDecision,
     CatchUpRefusal,
     check_contested_step,
     check_downloaded_state,
     decide_catch_up,
+    plausible_ahead,
     staying_peers,
 )
 from swarm.sync.dhtio import SyncRecords
@@ -107,6 +109,8 @@ class CatchUpper:
         self.refusals: dict[CatchUpRefusal, int] = {}
         self._reported: set[tuple[str, CatchUpRefusal]] = set()
         self._steps: deque[float] = deque(maxlen=RECENT_STEPS)
+        self._stepped: deque[float] = deque(maxlen=RECENT_STEPS)
+        """When (this peer's clock) it committed its recent steps: its own pace (see plausible_ahead)."""
         self._undecided: deque[int] = deque(maxlen=MAX_UNDECIDED)
         self.alone_warned = False
         """Whether this peer, trusting no one, has said that live strangers report later states (see orphaned)."""
@@ -126,6 +130,7 @@ class CatchUpper:
         """This peer committed an outer step that moved its anchor by ``shift_norm``."""
         if math.isfinite(shift_norm):
             self._steps.append(shift_norm)
+        self._stepped.append(self._clock())
 
     def undecided(self, revision: int) -> None:
         """This peer voted for a state of ``revision`` and then aborted: another member may have committed it.
@@ -140,7 +145,7 @@ class CatchUpper:
 
     def state_dict(self) -> dict[str, Any]:
         """Partners (most recent last) and recent steps: what a restart must keep to stay on the group's history."""
-        return {"partners": list(self._partners), "steps": list(self._steps)}
+        return {"partners": list(self._partners), "steps": list(self._steps), "stepped_at": list(self._stepped)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`; malformed entries are skipped (a checkpoint is local, but checked)."""
@@ -148,8 +153,12 @@ class CatchUpper:
         steps = state.get("steps", [])
         self.add_partners(p for p in (partners if isinstance(partners, list) else []) if isinstance(p, str))
         for step in steps if isinstance(steps, list) else []:
-            if isinstance(step, float):
-                self.note_step(step)
+            if isinstance(step, float) and math.isfinite(step):
+                self._steps.append(step)
+        stepped = state.get("stepped_at", [])
+        for at in stepped if isinstance(stepped, list) else []:
+            if isinstance(at, float) and math.isfinite(at):
+                self._stepped.append(at)
 
     def ignored(self) -> frozenset[tuple[int, str]]:
         """Targets passed over: retried :data:`RETRIES` times over :data:`RETRY_S` without a donor, or refused."""
@@ -236,6 +245,7 @@ class CatchUpper:
         if target is None:
             return None
         end = self._clock() + self._cfg.state_bound_s(snap.anchor.numel())
+        vouched = target  # what the trusted peers' vote chose: the bound stays its own, whatever a donor serves
         for donor in target.donors:
             left = end - self._clock()
             if left <= 0:
@@ -247,19 +257,27 @@ class CatchUpper:
             except Exception as e:
                 self._log(logging.WARNING, "state download from %s failed: %s", donor[-6:], e)
                 continue
-            refusal = self._judge(snap, got, target)
+            refusal = self._judge(snap, got, target, vouched)
             if refusal is None and self.merged and got.origin == snap.origin:
                 refusal = CatchUpRefusal.OFF_TARGET  # a merge moves to another history, never within its own
-            if refusal is CatchUpRefusal.OFF_TARGET and not self.merged and self._moved_on(donor, got, target):
-                # a trusted donor committed again since its record: its state now is as good as its word
-                target = CatchUp(got.revision, got.state_hash, (donor,), target.contested)
-                refusal = self._judge(snap, got, target)
+            if refusal is CatchUpRefusal.OFF_TARGET and self._out_of_reach(donor, got, vouched, snap):
+                # a partner's one word named the target, and it serves a state far past it: passed over at
+                # once, or new claims of it would hold this peer's sync for RETRY_S each
+                self._refused(donor, CatchUpRefusal.OUT_OF_REACH)
+                self._fail(vouched, refused=True)
+                continue
+            if refusal is CatchUpRefusal.OFF_TARGET and not self.merged and self._moved_on(donor, got, vouched, snap):
+                # a trusted donor committed again since its record: its state now is as good as its word,
+                # within the bound of the state it was vouched for (its served revision is its own claim)
+                target = CatchUp(got.revision, got.state_hash, (donor,), vouched.contested, vouched.lone)
+                refusal = self._judge(snap, got, target, vouched)
             if refusal is CatchUpRefusal.OFF_TARGET:
                 self._refused(donor, refusal)
                 continue
             if refusal is not None:  # the target's bytes themselves are implausible: every donor serves them
                 self._refused(donor, refusal)
                 self._fail(target, refused=True)
+                self._fail(vouched, refused=True)  # a donor that moved on to an implausible state: not again
                 if self.merged:  # a made-up history is not downloaded again every check
                     self._shunned[got.origin] = self._clock()
                 raise StateDownloadFailed(f"target state refused: {refusal.value}", retry=False)
@@ -406,14 +424,25 @@ class CatchUpper:
             len(answered),
         )
 
-    def _moved_on(self, donor: str, got: Snapshot, target: CatchUp) -> bool:
+    def _moved_on(self, donor: str, got: Snapshot, target: CatchUp, snap: Snapshot) -> bool:
         """Whether ``got`` is a trusted donor's later state than the target it was asked for.
 
         A fast group commits several times a second (early close, short rounds), so
         by the time a download starts its donors have moved on and the exact target
-        is gone; an untrusted donor must still serve exactly the target.
+        is gone; an untrusted donor must still serve exactly the target. A contested
+        or lone target rests on one trusted word: its donor may move on only as far
+        as one word may reach (:data:`MAX_CONTESTED_AHEAD` past this peer), and the
+        state is judged against the target's bound either way (:meth:`_judge`).
         """
-        return donor in self.trusted() and got.revision > target.revision
+        if donor not in self.trusted() or got.revision <= target.revision:
+            return False
+        one_word = target.contested or target.lone
+        return not one_word or got.revision - snap.revision <= MAX_CONTESTED_AHEAD
+
+    def _out_of_reach(self, donor: str, got: Snapshot, target: CatchUp, snap: Snapshot) -> bool:
+        """Whether a trusted donor moved on further than the one word the target rests on may reach."""
+        moved = not self.merged and donor in self.trusted() and got.revision > target.revision
+        return moved and not self._moved_on(donor, got, target, snap)
 
     def _refused(self, peer: str, reason: CatchUpRefusal) -> None:
         """Count a refused claim or state; WARNING once per (peer, reason), DEBUG after."""
@@ -423,12 +452,15 @@ class CatchUpper:
             self._reported.add((peer, reason))
         self._log(logging.WARNING if new else logging.DEBUG, "catch-up refused %s: %s", peer[-6:], reason.value)
 
-    def _judge(self, snap: Snapshot, got: Snapshot, target: CatchUp) -> CatchUpRefusal | None:
+    def _judge(self, snap: Snapshot, got: Snapshot, target: CatchUp, vouched: CatchUp) -> CatchUpRefusal | None:
         """Exactly the target, finite, and plausibly close to this peer's own anchor (else why not).
 
         A newcomer takes its bootstrap peers' state at any distance: its own
         weights may be another seed's initialisation, or a group that trained
         for hours moved far from them; it trusts whom it was told to join.
+        The distance bound is fixed by this peer's own evidence: the revisions
+        the ``vouched`` target is ahead, never more than this peer's own pace
+        allows since its last commit (:func:`~swarm.sync.decide.plausible_ahead`).
         """
         if (got.revision, got.state_hash) != (target.revision, target.state_hash):
             return CatchUpRefusal.OFF_TARGET
@@ -438,13 +470,16 @@ class CatchUpper:
         own = snap.anchor
         shift = distance(got.anchor, own) if finite else math.inf
         momentum = norm(got.momentum) if finite else math.inf
-        # k revisions of honest training move the anchor about k times as far as one: a node restarted
-        # from an old checkpoint must still be able to rejoin its group's history. Another history's
-        # numbers say nothing of its distance (they interleave with this one's): a merge gets one step.
-        ahead = 1 if self.merged else max(1, target.revision - snap.revision)
+        # k steps of honest training move the anchor about k times as far as one: a node restarted from an
+        # old checkpoint must still be able to rejoin its group's history. Another history's numbers say
+        # nothing of its distance (they interleave with this one's): a merge gets one step.
+        claimed = vouched.revision - snap.revision
+        ahead = 1 if self.merged else plausible_ahead(claimed, list(self._stepped), self._clock())
         max_shift = self._cfg.max_state_shift * ahead
         refusal = check_downloaded_state(norm(own), shift, momentum, finite, max_shift, self._cfg.outer_momentum)
-        if refusal is None and target.contested:
+        # one trusted word bounds a move by this peer's own steps; a peer with none yet (it joined through its
+        # bootstrap peer and has not committed since) has only the state it downloaded to compare with
+        if refusal is None and (target.contested or (target.lone and self._steps)):
             return check_contested_step(shift, list(self._steps), self._cfg.clip_factor, ahead)
         return refusal
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -219,6 +220,7 @@ class CatchUpRefusal(enum.Enum):
     NOT_FINITE = "state not finite"
     TOO_FAR = "state too far from own anchor"
     CONTESTED_STEP = "contested next state moved more than this peer's own steps allow"
+    OUT_OF_REACH = "a state ahead on one trusted word moved on further than one word may reach"
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,9 @@ class CatchUp:
     contested: bool = False
     """Followed though as many trusted peers still report this peer's own state: only one revision ahead,
     and adopted only if it moved the anchor by no more than this peer's own recent outer steps allow."""
+    lone: bool = False
+    """Ahead on the word of one trusted peer alone (nobody else trusted reports any later state): bounded
+    like a contested target, by this peer's own recent outer steps, since one member's word is a claim."""
 
 
 class CatchUpDecision(NamedTuple):
@@ -286,7 +291,8 @@ def decide_catch_up(
     ``stay_alive``, if given: a dead partner's record says nothing) is :func:`followable_states`.
     The most vouched wins, then the *lowest* revision: a peer never jumps further than its trusted
     peers agree. The target is ``contested`` when vouchers ahead do not outnumber those staying: its
-    shift is then bounded by this peer's own recent steps (:func:`check_contested_step`).
+    shift is then bounded by this peer's own recent steps (:func:`check_contested_step`), and so is a
+    ``lone`` target's, ahead on one trusted word alone.
 
     ``leaders``' states at this revision are followed while nobody trusted stays: a newcomer joins the
     swarm it was pointed at (two nodes started apart would never agree on a revision 0 otherwise).
@@ -314,8 +320,9 @@ def decide_catch_up(
     donors = sorted(
         (p for p, r in others.items() if (r.revision, r.state_hash) == best), key=lambda p: (-others[p].created, p)
     )
-    contested = _ahead(vouchers, mine) <= stay and best[0] > my_revision
-    return CatchUpDecision(CatchUp(best[0], best[1], tuple(donors), contested), refused)
+    ahead = _ahead(vouchers, mine)
+    contested, lone = ahead <= stay and best[0] > my_revision, ahead < 2 and best[0] > my_revision
+    return CatchUpDecision(CatchUp(best[0], best[1], tuple(donors), contested, lone), refused)
 
 
 State = tuple[int, str]
@@ -397,6 +404,36 @@ def peers_named_in(multiaddrs: Iterable[str]) -> frozenset[str]:
             if part == "p2p" and parts[i + 1]:
                 out.add(parts[i + 1])
     return frozenset(out)
+
+
+MIN_PACE_S = 0.05
+"""Shortest interval between two of its own commits a peer takes as its pace (rounds are never faster)."""
+
+
+def plausible_ahead(claimed: int, step_times: Sequence[float], now: float) -> int:
+    """Outer steps a catch-up's distance bound allows for: the claimed revision gap, but never more than
+    this peer's own evidence allows, however far a peer claims to be.
+
+    Revision numbers are a peer's claim (one signed record names any revision, and skips move them by up
+    to MAX_SKIP per commit), so they alone must not scale a bound: a trusted liar claiming revision
+    +1,000,000 would get a bound a million steps wide. What this peer knows itself is when it last
+    committed and how fast its own rounds went: since its last commit its group can have taken at most
+    one step per its fastest recent interval, plus one. With fewer than two of its own commits it has no
+    pace: one step. A node restarted from an old checkpoint has a last commit long ago, so it may still
+    rejoin a group that trained on without it (``step_times`` are wall-clock times, kept in checkpoints).
+
+    >>> plausible_ahead(1_000_000, [100.0, 101.0, 103.0], now=104.5)  # 1.5 s since its last: two 1 s rounds
+    2
+    >>> plausible_ahead(40, [100.0, 101.0], now=1900.0), plausible_ahead(40, [], now=1900.0)
+    (40, 1)
+    """
+    times = sorted(t for t in step_times if math.isfinite(t))
+    intervals = [b - a for a, b in itertools.pairwise(times)]
+    if not intervals or claimed <= 1:
+        return 1
+    pace = max(min(intervals), MIN_PACE_S)
+    cap = 1 + int(max(0.0, now - times[-1]) / pace)
+    return max(1, min(claimed, cap))
 
 
 def check_contested_step(

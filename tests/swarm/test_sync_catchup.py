@@ -315,19 +315,58 @@ def test_an_implausible_target_is_passed_over_at_once() -> None:
     assert upper.catch_up(snap, lambda: False) is None
 
 
-def test_a_node_far_behind_accepts_a_shift_that_grows_with_the_revisions_it_missed() -> None:
-    """A node restarted from an old checkpoint: its group trained on (a 30-minute chaos run refused 40 behind)."""
+def test_a_node_far_behind_accepts_a_shift_that_grows_with_the_time_it_was_away() -> None:
+    """A node restarted from an old checkpoint: its group trained on (a 30-minute chaos run refused 40 behind).
+
+    The bound grows with what the node itself saw (its last commit long ago, its rounds 1 s apart), never with
+    the revisions a peer claims: the same claim right after its last commit gets one step's bound.
+    """
     own = torch.ones(100)
-    moved = own + 1.5  # 1.5x the anchor's norm away: too far for one revision, plausible for 40
+    moved = own + 1.5  # 1.5x the anchor's norm away: too far for one step, plausible for 40
     snap = Snapshot(3, state_hash(own, torch.zeros(100)), own, torch.zeros(100))
-    for ahead, ok in ((1, False), (40, True)):
-        got = Snapshot(3 + ahead, state_hash(moved, torch.zeros(100)), moved, torch.zeros(100))
-        upper = _upper({"b": _state("b", got.revision, got.state_hash)}, lambda *_, g=got: g, frozenset({"b"}))
+    for away_s, ok in ((0.5, False), (1800.0, True)):
+        got = Snapshot(43, state_hash(moved, torch.zeros(100)), moved, torch.zeros(100))
+        clock = FakeClock(1000.0)
+        states = {p: _state(p, 43, got.state_hash) for p in "bc"}  # two trusted words: a majority ahead
+        upper = _upper(states, lambda *_, g=got: g, frozenset({"b", "c"}), clock)
+        for _ in range(3):  # its own rounds, one a second
+            upper.note_step(0.01)
+            clock.now += 1.0
+        clock.now += away_s - 1.0
         if ok:
             assert upper.catch_up(snap, lambda: False) is got
         else:
             with pytest.raises(StateDownloadFailed):
                 upper.catch_up(snap, lambda: False)
+            assert upper.refusals == {CatchUpRefusal.TOO_FAR: 1}
+
+
+@pytest.mark.parametrize("contested", [True, False])
+def test_a_trusted_donor_that_claims_a_far_revision_gets_no_wider_bound(contested: bool) -> None:
+    """The round-3 catch-up takeover: a partner of one honest round signs a record one revision ahead, then
+    serves a made-up state claiming revision +1,000,000. The bound stays the vouched target's (one step)."""
+    own = torch.ones(1000)
+    snap = Snapshot(3, state_hash(own, torch.zeros(1000)), own, torch.zeros(1000))
+    fake = own + 0.5 * torch.randn(1000, generator=torch.Generator().manual_seed(3))  # ~0.5 of the norm away
+    served = Snapshot(1_000_003, state_hash(fake, torch.zeros(1000)), fake, torch.zeros(1000))
+    states = {"m": _state("m", 4, H1)}
+    if contested:
+        states["b"] = _state("b", 3, snap.state_hash)  # a lagging honest partner still at this state
+    clock = FakeClock(1000.0)
+    upper = _upper(states, lambda *_: served, frozenset({"m", "b"}), clock)
+    upper.note_step(0.02)
+    clock.now += 1.0
+    upper.note_step(0.03)
+    clock.now += 0.5  # the liar's record arrives half a round after this peer's last commit
+    with pytest.raises(StateDownloadFailed):
+        upper.catch_up(snap, lambda: False)
+    assert upper.refusals == {CatchUpRefusal.OUT_OF_REACH: 1}  # one trusted word reaches no further than 8 ahead
+    assert upper.catch_up(snap, lambda: False) is None  # passed over at once: the liar holds no round
+    near = Snapshot(4, state_hash(fake, torch.zeros(1000)), fake, torch.zeros(1000))
+    upper = _upper({**states, "m": _state("m", 4, near.state_hash)}, lambda *_: near, frozenset({"m", "b"}), clock)
+    upper.note_step(0.03)
+    with pytest.raises(StateDownloadFailed):  # the same state at its true distance: refused too
+        upper.catch_up(snap, lambda: False)
 
 
 def test_partners_and_own_steps_survive_a_checkpoint() -> None:
