@@ -70,7 +70,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--poison",
         default="",
-        choices=["", "huge", "noise", "liar", "veto", "flip", "takeover"],
+        choices=["", "huge", "noise", "liar", "veto", "flip", "takeover", "shrink"],
         help="be a hostile member",
     )
     p.add_argument("--drift", type=float, default=0.0, help="add this x a direction shared by all peers to each step")
@@ -145,6 +145,49 @@ def _be_hostile() -> None:
         return _garbage("noise", n, n).numpy()
 
     pieces.reduce_piece = lying_reduce
+
+
+SHRINK = 0.45
+"""A ``--poison shrink`` reducer returns this x its slice of the anchor as the average (inside max_update)."""
+
+
+def _shrink_reducer(sync: Any) -> None:
+    """Reduce this member's slice to SHRINK x the anchor's slice, and vote for it (its checks switched off).
+
+    The lying reducer of issue 51's round 3: the outer step then subtracts lr x SHRINK of the slice, a step
+    of 0.45 of the slice's anchor norm that the ``max_update`` floor (0.5) once let through everywhere.
+    """
+    from dataclasses import replace
+
+    import swarm.sync.allreduce as allreduce
+    import swarm.sync.outer as outer
+    import swarm.sync.pieces as pieces
+
+    honest_init, honest_reduce, honest_piece = (
+        allreduce._Round.__init__,
+        pieces.SliceReduction._reduce,
+        pieces.reduce_piece,
+    )
+
+    def init(self: Any, plan: Any, index: int, me: str, dest: Any, remaining: Any) -> None:
+        honest_init(self, plan, index, me, dest, remaining)
+        lo, hi = plan.bounds()[index]
+        self.red.lie = (SHRINK * sync._snap.anchor[lo:hi]).numpy().copy()
+
+    def reduce(self: Any, k: int) -> None:
+        a, b = self.pieces[k]
+        pieces.reduce_piece = lambda *_: self.lie[a:b].copy()
+        try:
+            honest_reduce(self, k)
+        finally:
+            pieces.reduce_piece = honest_piece
+
+    # an attacker runs whatever code it likes: its reducer lies and its own checks pass everything
+    setattr(allreduce._Round, "__init__", init)  # noqa: B010
+    setattr(pieces.SliceReduction, "_reduce", reduce)  # noqa: B010
+    honest_assemble, honest_next = getattr(outer, "assemble"), getattr(outer, "next_state")  # noqa: B009
+    setattr(outer, "assemble", lambda *a, **k: replace(honest_assemble(*a, **k), suspects={}, refusal=None))  # noqa: B010
+    setattr(outer, "next_state", lambda *a, **k: (lambda r: (r[0], None, r[2]))(honest_next(*a, **k)))  # noqa: B010
 
 
 def _always_veto(sync: Any) -> None:
@@ -437,6 +480,8 @@ def main(argv: list[str]) -> int:
         _be_hostile()
     if args.poison == "veto":
         _always_veto(sync)
+    if args.poison == "shrink":
+        _shrink_reducer(sync)
     if args.claim_steps:
         _claim_steps(sync, args.claim_steps)
     out.write(

@@ -77,7 +77,7 @@ import torch
 from swarm.fingerprint import model_fingerprint, sync_fingerprint
 from swarm.membership import Membership
 from swarm.sync.allreduce import Hook, RoundPlan, Snapshot, SyncService
-from swarm.sync.assemble import Assembled, assemble, next_state
+from swarm.sync.assemble import Assembled, OwnScale, assemble, next_state
 from swarm.sync.catchup import CatchUpper
 from swarm.sync.config import (
     AbortCause,
@@ -150,6 +150,8 @@ class OuterSync:
         # since); None after restoring a checkpoint that did not record it: the next job counts 1
         self._anchor_step: int | None = 0
         self._records = SyncRecords(membership, self.fingerprint, cfg, clock)
+        self._scale = OwnScale()
+        """This member's own evidence of an honest slice's scale (swarm.sync.assemble)."""
         name = f"{membership.cfg.swarm_id}.sync.{self.fingerprint}"
         self._service = SyncService(
             membership.p2p,
@@ -208,6 +210,7 @@ class OuterSync:
             "momentum": snap.momentum.cpu().clone(),
             "trust": self._catchup.state_dict(),  # a restart keeps its partners: see swarm.sync.catchup, "Forks"
             "anchor_step": self._anchor_step,
+            "scale": self._scale.state_dict(),  # a restart still judges reducers by what it saw
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -227,6 +230,9 @@ class OuterSync:
         self._snap = self._applied = Snapshot(revision, state_hash(anchor, momentum, origin), anchor, momentum, origin)
         step = state.get("anchor_step")
         self._anchor_step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        scale = state.get("scale")
+        if isinstance(scale, list):
+            self._scale.load_state_dict(scale)
         trust = state.get("trust")
         if isinstance(trust, dict):
             self._catchup.load_state_dict(trust)
@@ -465,6 +471,7 @@ class OuterSync:
             self._catchup.undecided(new.revision)  # voted for it: another member may have committed it
             return self._suspect_report(t0, plan, AbortCause(verdict.reason), got, caught_up)
         self._install(new)
+        self._scale.note(got.average_norm)  # an average every member checked and committed
         self._log(logging.INFO, "committed group %s: state %s", plan.group_id[:8], self._snap.state_hash[:8])
         report = self._suspect_report(t0, plan, None, got, caught_up)
         report.allreduce_s = allreduce_s
@@ -533,7 +540,8 @@ class OuterSync:
             result = self._membership.run(self._service.allreduce(plan, job.pseudo, weight, job.blocking), timeout)
         except TimeoutError:
             raise SyncAborted("all-reduce timeout") from None
-        got = assemble(plan, snap, weight, result, self.cfg.max_update)
+        got = assemble(plan, snap, weight, result, self.cfg.max_update, self._scale.scale())
+        self._scale.note(got.own_norm)  # its own part: evidence of an honest slice's scale for later rounds
         for peer, why in got.suspects.items():
             self._log(logging.WARNING, "suspect %s in group %s: %s", peer, plan.group_id[:8], why.value)
         return got
