@@ -19,11 +19,12 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from swarm.private_files import write_private
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +114,7 @@ def load_book(path: Path) -> list[BookEntry]:
 def save_book(path: Path, book: Sequence[BookEntry]) -> None:
     """Write the book atomically (a crash leaves the old one or the new one)."""
     data = json.dumps([{"peer": e.peer, "addrs": list(e.addrs), "seen": e.seen} for e in book])
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(data)
-    tmp.replace(path)
+    write_private(path, data.encode())
 
 
 def port_path(identity_path: Path) -> Path:
@@ -150,6 +149,4 @@ def save_port(path: Path, maddrs: Sequence[str]) -> None:
     """Remember the TCP port of the first of this node's listen addresses (nothing if none has one)."""
     ports = [p for a in maddrs for kind, p in itertools.pairwise(str(a).split("/")) if kind == "tcp" and p.isdigit()]
     if ports:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(ports[0])
-        tmp.replace(path)
+        write_private(path, ports[0].encode())

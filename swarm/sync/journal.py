@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
+
+from swarm.private_files import write_private
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +52,8 @@ class VoteJournal:
         kept = [r for r in self._voted if r != revision][-(KEPT - 1) :]
         voted = [*kept, revision]
         data = json.dumps({"fingerprint": self.fingerprint, "voted": voted})
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "w") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            tmp.replace(self.path)
+            write_private(self.path, data.encode(), fsync=True)
         except OSError as e:
             logger.warning("vote journal %s not written: %s", self.path, e)
             return False
