@@ -10,6 +10,9 @@ bytes held per key and subkey and enforces, after each successful store:
 * a per-key cap in bytes and in subkeys: a key hivemind cannot return whole
   (its 4 MiB message cap, docs/ARCHITECTURE.md "Message cap") is unreadable for
   everyone, so a key is kept well below it;
+* a per-sender quota in entries and bytes: what peers send over store RPCs is
+  charged to the sending peer (:data:`STORE_SENDER`), and a sender over its
+  quota loses its *own* entries expiring soonest, never anyone else's;
 * a total byte budget; and, for the cache, a most number of keys.
 
 The eviction rule is the same everywhere: **entries expiring soonest go first**
@@ -28,6 +31,24 @@ many live hosts as the key holds records, not as many Ed25519 keys. The node's
 own writes (its own records, its lookup results cached locally) carry no sender
 and are kept as before. Nodes push no lookup results into others' caches
 (``cache_nearest=0``, swarm.membership), so the rule drops nothing honest.
+
+**Whose bytes they are.** The owner rule leaves one host one record per key,
+but a host may make up as many keys as it likes (issue 51: ~46k of its own
+valid state records, each under a made-up fingerprint, created 110 s ahead so
+they outlive every honest record). The total budget evicts the soonest-expiring
+entries first, which were then all the honest ones. With the sender quota a
+host holds at most ``sender_entries`` entries and ``sender_bytes`` bytes at each
+replica however many keys it makes up; past that, its own stores evict its own
+oldest-expiring entries, so filling the budget takes as many live hosts as the
+budget holds quotas. The node's own writes carry no sender and are charged to no
+one. The ledger of a sender goes when its last entry goes, so senders tracked
+are never more than the entries held.
+
+**No remote cache writes.** A store RPC may mark entries ``in_cache``, for the
+node's *lookup cache*: a node then answers lookups from what another peer put
+there. The wrapped store handler drops every such entry (counted as
+:attr:`StorageEvent.REFUSED_REMOTE_CACHE`): nodes push no lookup results into
+others' caches (``cache_nearest=0``), so no honest store is lost.
 
 Two more hivemind behaviours it closes:
 
@@ -51,8 +72,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import time
 from collections import Counter
 from collections.abc import Generator, Iterable
+from collections.abc import Set as AbstractSet
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -66,6 +89,8 @@ from hivemind.p2p import P2PContext
 from hivemind.proto import dht_pb2
 from hivemind.utils import MSGPackSerializer, timed_storage
 from hivemind.utils.timed_storage import TimedStorage, ValueWithExpiration
+
+from swarm.dht_rate import StoreRate
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +123,9 @@ class StorageEvent(StrEnum):
     EVICTED_KEY_FULL = "evicted: its key was over its byte or subkey cap"
     EVICTED_BUDGET = "evicted: the storage was over its byte budget"
     EVICTED_KEY_COUNT = "evicted: the storage held its most keys"
+    EVICTED_SENDER_QUOTA = "evicted: its sender held more than its quota of entries or bytes"
+    REFUSED_REMOTE_CACHE = "refused: a remote store into the lookup cache"
+    REFUSED_RATE = "refused: its sender stored faster than the per-sender rate"
 
 
 @dataclass(frozen=True)
@@ -105,6 +133,8 @@ class StorageBudget:
     """Bounds of one :class:`BudgetedStorage`; ``max_keys=None`` leaves the number of keys to the bytes.
 
     ``owners_only``: keep a subkey entry another peer sends only if that peer is the subkey.
+    ``sender_entries`` / ``sender_bytes``: the most entries / bytes the stores of one remote peer may hold
+    (None: no quota); over either, that peer's own entries expiring soonest are evicted.
     """
 
     total_bytes: int
@@ -112,6 +142,8 @@ class StorageBudget:
     key_subkeys: int
     max_keys: int | None = None
     owners_only: bool = True
+    sender_entries: int | None = None
+    sender_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.key_bytes < KEY_OVERHEAD_BYTES + ENTRY_OVERHEAD_BYTES + 4096:
@@ -120,6 +152,11 @@ class StorageBudget:
             raise ValueError(f"total_bytes={self.total_bytes} < key_bytes={self.key_bytes}; raise total_bytes")
         if self.key_subkeys < 1 or (self.max_keys is not None and self.max_keys < 1):
             raise ValueError(f"key_subkeys={self.key_subkeys}, max_keys={self.max_keys}; use at least 1 each")
+        if self.sender_entries is not None and self.sender_entries < 1:
+            raise ValueError(f"sender_entries={self.sender_entries}; use at least 1 (or None: no quota)")
+        if self.sender_bytes is not None and self.sender_bytes < self.key_bytes:
+            # the entry just stored is never evicted: the quota must hold the largest entry a key admits
+            raise ValueError(f"sender_bytes={self.sender_bytes} < key_bytes={self.key_bytes}; raise sender_bytes")
 
 
 @dataclass
@@ -130,6 +167,8 @@ class StorageStats:
     keys: int
     entries: int
     events: dict[str, int] = field(default_factory=dict)
+    senders: int = 0
+    """Remote peers with entries held here (each charged against its quota)."""
 
 
 def entry_bytes(subkey: Any, value: bytes) -> int:
@@ -165,6 +204,16 @@ class _Entry:
     size: int
     expiration: float
     seq: int
+    sender: str | None = None
+
+
+@dataclass
+class _SenderLedger:
+    """What one remote peer's stores hold here; its heap orders them for eviction (stale items skipped)."""
+
+    entries: int = 0
+    bytes: int = 0
+    heap: list[tuple[float, int, Any, Any]] = field(default_factory=list)
 
 
 class BudgetedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind is not type-checked: Any
@@ -180,6 +229,7 @@ class BudgetedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind is not
         self._key_bytes: dict[Any, int] = {}
         self._heap: list[tuple[float, int, Any, Any]] = []  # (expiration, seq, key, subkey); stale entries skipped
         self._seq = itertools.count()
+        self._senders: dict[str, _SenderLedger] = {}
 
     # ---- the two ways hivemind stores -----------------------------------------------------------
 
@@ -221,10 +271,10 @@ class BudgetedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind is not
             self._unledger_key(key)  # the whole value under ``key`` was replaced
         if isinstance(value, DictionaryDHTValue):
             for sub, (v, exp) in value.items():
-                self._ledger_put(key, sub, entry_bytes(sub, v), exp)
+                self._ledger_put(key, sub, entry_bytes(sub, v), exp, sender)
         else:
-            self._ledger_put(key, subkey, size, expiration)
-        self._enforce(key, subkey)
+            self._ledger_put(key, subkey, size, expiration, sender)
+        self._enforce(key, subkey, sender)
         return True
 
     def _store_held(self, key: Any, subkey: Any, value: Any, expiration: float) -> bool:
@@ -259,7 +309,7 @@ class BudgetedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind is not
 
     # ---- the ledger -------------------------------------------------------------------------------
 
-    def _ledger_put(self, key: Any, subkey: Any, size: int, expiration: float) -> None:
+    def _ledger_put(self, key: Any, subkey: Any, size: int, expiration: float, sender: str | None = None) -> None:
         entries = self._ledger.get(key)
         if entries is None:
             entries = self._ledger[key] = {}
@@ -268,11 +318,15 @@ class BudgetedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind is not
         old = entries.get(subkey)
         self.entries += old is None
         delta = size - (old.size if old is not None else 0)
+        if old is not None:
+            self._uncharge(old)  # a replaced entry is charged to whoever sent the new one
         seq = next(self._seq)
-        entries[subkey] = _Entry(size, expiration, seq)
+        entry = entries[subkey] = _Entry(size, expiration, seq, sender)
         self._key_bytes[key] += delta
         self.used_bytes += delta
-        heapq.heappush(self._heap, (expiration, seq, key, subkey))
+        item = (expiration, seq, key, subkey)
+        heapq.heappush(self._heap, item)
+        self._charge(entry, item)
         if len(self._heap) > 2 * self.entries + 1024:
             self._compact()
 
@@ -280,13 +334,38 @@ class BudgetedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind is not
         entries = self._ledger.get(key)
         if entries is None or subkey not in entries:
             return
-        size = entries.pop(subkey).size
+        entry = entries.pop(subkey)
+        self._uncharge(entry)
         self.entries -= 1
-        self._key_bytes[key] -= size
-        self.used_bytes -= size
+        self._key_bytes[key] -= entry.size
+        self.used_bytes -= entry.size
         if not entries:
             self.used_bytes -= self._key_bytes.pop(key)
             del self._ledger[key]
+
+    def _charge(self, entry: _Entry, item: tuple[float, int, Any, Any]) -> None:
+        """Count ``entry`` (heap ``item``) against its sender's quota; the node's own writes count for no one."""
+        if entry.sender is None:
+            return
+        held = self._senders.get(entry.sender)
+        if held is None:
+            held = self._senders[entry.sender] = _SenderLedger()
+        held.entries += 1
+        held.bytes += entry.size
+        heapq.heappush(held.heap, item)
+        if len(held.heap) > 2 * held.entries + 64:  # replaced or removed entries leave stale items behind
+            held.heap = [i for i in held.heap if self._live(i)]
+            heapq.heapify(held.heap)
+
+    def _uncharge(self, entry: _Entry) -> None:
+        """Take ``entry`` off its sender's quota; a sender left with nothing is forgotten (memory stays bounded)."""
+        if entry.sender is None:
+            return
+        held = self._senders[entry.sender]
+        held.entries -= 1
+        held.bytes -= entry.size
+        if held.entries == 0:
+            del self._senders[entry.sender]
 
     def _unledger_key(self, key: Any) -> None:
         for subkey in list(self._ledger.get(key, ())):
@@ -330,9 +409,24 @@ class BudgetedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind is not
             self.events[event] += 1
             logger.debug("DHT storage %s (key %s)", event.value, str(key)[:12])
 
-    def _enforce(self, key: Any, subkey: Any) -> None:
-        """Bring the key, the key count and the total back within the budget, sparing (key, subkey)."""
+    def _enforce(self, key: Any, subkey: Any, sender: str | None = None) -> None:
+        """Bring the sender, the key, the key count and the total back within the budget, sparing (key, subkey).
+
+        The sender's quota goes first: a host over it pays with its own entries before the total budget,
+        whose rule (soonest expiring first) picks whoever's they are, is reached.
+        """
         b = self.budget
+        held = self._senders.get(sender) if sender is not None else None
+        if held is not None:
+            over_entries = held.entries - b.sender_entries if b.sender_entries is not None else 0
+            over_bytes = held.bytes - b.sender_bytes if b.sender_bytes is not None else 0
+            if over_entries > 0 or over_bytes > 0:
+                own = self._soonest(spare=(key, subkey), heap=held.heap)
+                try:
+                    chosen = choose_evictions(own, over_bytes, over_entries)
+                finally:
+                    own.close()
+                self._evict(chosen, StorageEvent.EVICTED_SENDER_QUOTA)
         entries = self._ledger.get(key, {})
         over_bytes, over_entries = self._key_bytes.get(key, 0) - b.key_bytes, len(entries) - b.key_subkeys
         if over_bytes > 0 or over_entries > 0:
@@ -351,12 +445,18 @@ class BudgetedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind is not
                 soonest.close()  # puts the spared entry back on the heap
             self._evict(chosen, StorageEvent.EVICTED_BUDGET)
 
-    def _soonest(self, spare: tuple[Any, Any]) -> Generator[tuple[tuple[Any, Any], int], None, None]:
-        """Live entries, soonest expiring first, popped off the heap as they are taken (the spared one is kept)."""
+    def _soonest(
+        self, spare: tuple[Any, Any], heap: list[tuple[float, int, Any, Any]] | None = None
+    ) -> Generator[tuple[tuple[Any, Any], int], None, None]:
+        """Live entries of ``heap`` (default: all), soonest expiring first, popped off it as they are taken.
+
+        The spared entry is put back when the generator closes; so is nothing else: what was taken is evicted.
+        """
+        heap = self._heap if heap is None else heap
         kept: list[tuple[float, int, Any, Any]] = []
         try:
-            while self._heap:
-                item = heapq.heappop(self._heap)
+            while heap:
+                item = heapq.heappop(heap)
                 if not self._live(item):
                     continue
                 if (item[2], item[3]) == spare:
@@ -365,11 +465,16 @@ class BudgetedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind is not
                 yield (item[2], item[3]), self._ledger[item[2]][item[3]].size
         finally:
             for item in kept:
-                heapq.heappush(self._heap, item)
+                heapq.heappush(heap, item)
+
+    def sender_usage(self, sender: str) -> tuple[int, int]:
+        """(entries, bytes) the stores of ``sender`` hold here, as charged against its quota."""
+        held = self._senders.get(sender)
+        return (0, 0) if held is None else (held.entries, held.bytes)
 
     def stats(self) -> StorageStats:
         events = {e.value: n for e, n in self.events.items()}
-        return StorageStats(self.used_bytes, len(self._ledger), self.entries, events)
+        return StorageStats(self.used_bytes, len(self._ledger), self.entries, events, len(self._senders))
 
 
 def _fresh_copy(value: DictionaryDHTValue) -> DictionaryDHTValue:
@@ -396,13 +501,15 @@ async def _install(_dht: Any, node: Any, storage: StorageBudget, cache: StorageB
     # no other coroutine runs between these two lines: nothing is stored around the budgets
     protocol.storage = _carry_over(protocol.storage, BudgetedStorage(storage))
     protocol.cache = _carry_over(protocol.cache, BudgetedStorage(cache))
-    if storage.owners_only or cache.owners_only:
-        await _name_store_senders(protocol)
+    await _name_store_senders(protocol)  # always: the sender quota and the cache rule need it, owners_only or not
 
 
 async def _name_store_senders(protocol: DHTProtocol) -> None:
     """Handle store RPCs with :data:`STORE_SENDER` set to the caller's authenticated peer id.
 
+    Before hivemind sees the request, it loses the entries bound for the lookup
+    cache (:func:`_refuse_remote_cache`) and, for a storage that keeps owners'
+    records only, those naming another peer (:func:`_refuse_foreign`).
     hivemind binds its handler when the protocol starts, so the store handler
     is registered again around it. A store that arrives in the moment between
     the two daemon calls fails like a store to a busy replica; the sender's
@@ -412,25 +519,29 @@ async def _name_store_senders(protocol: DHTProtocol) -> None:
         return  # a client serves no stores
     if protocol.authorizer is not None:  # wrapping would bypass it; this project runs none
         logger.warning(
-            "DHT stores are authorized by %s: records sent by others are not checked against their subkey",
+            "DHT stores are authorized by %s: records sent by others are not checked against their subkey, "
+            "not charged to their sender's quota, and may write this node's lookup cache",
             type(protocol.authorizer).__name__,
         )
         return
     handle = protocol.rpc_store
+    rate = StoreRate()
 
     async def rpc_store(request: dht_pb2.StoreRequest, context: P2PContext) -> dht_pb2.StoreResponse:
         sender = context.remote_id.to_base58()
-        foreign = _refuse_foreign(protocol, request, sender)  # before hivemind checks their signatures
-        kept = _without(request, foreign) if foreign else request
+        dropped = _refuse_over_rate(protocol, request, rate.allow(sender, len(request.keys), time.monotonic()))
+        dropped |= _refuse_remote_cache(protocol, request, skip=dropped)
+        dropped |= _refuse_foreign(protocol, request, sender, skip=dropped)  # before hivemind checks signatures
+        kept = _without(request, dropped) if dropped else request
         token = STORE_SENDER.set(sender)
         try:
             response = await handle(kept, context)
         finally:
             STORE_SENDER.reset(token)
-        if foreign and response is not None:
+        if dropped and response is not None:
             answers = iter(list(response.store_ok))
             del response.store_ok[:]
-            response.store_ok.extend(False if i in foreign else next(answers, False) for i in range(len(request.keys)))
+            response.store_ok.extend(False if i in dropped else next(answers, False) for i in range(len(request.keys)))
         return response
 
     name = protocol._get_handle_name(None, "rpc_store")
@@ -458,12 +569,50 @@ def foreign_entries(request: dht_pb2.StoreRequest, sender: str) -> set[int]:
     return foreign
 
 
-def _refuse_foreign(protocol: DHTProtocol, request: dht_pb2.StoreRequest, sender: str) -> set[int]:
-    """The foreign entries (:func:`foreign_entries`) bound for a storage that keeps owners' records only, counted."""
+def _well_formed(request: dht_pb2.StoreRequest) -> bool:
+    """Whether every column of a store request has one value per entry (else hivemind refuses it whole)."""
+    columns = (request.keys, request.subkeys, request.values, request.expiration_time)
+    return all(len(c) == len(request.in_cache) for c in columns)
+
+
+def _refuse_over_rate(protocol: DHTProtocol, request: dht_pb2.StoreRequest, allowed: int) -> set[int]:
+    """The entries of ``request`` past the ``allowed`` first ones, counted (see :mod:`swarm.dht_rate`)."""
+    if not _well_formed(request):
+        return set()  # hivemind's handler refuses the whole request
+    refused = set(range(allowed, len(request.keys)))
+    if refused and isinstance(protocol.storage, BudgetedStorage):
+        protocol.storage.events[StorageEvent.REFUSED_RATE] += len(refused)
+    return refused
+
+
+def _refuse_remote_cache(
+    protocol: DHTProtocol, request: dht_pb2.StoreRequest, skip: AbstractSet[int] = frozenset()
+) -> set[int]:
+    """Indices of the entries of a remote store bound for the lookup cache, counted there as refused.
+
+    A node answers lookups from its cache, so whatever a peer writes there is
+    served as if found; nodes push no lookup results into others' caches
+    (``cache_nearest=0``, swarm.membership), so nothing honest is dropped.
+    """
+    if not _well_formed(request):
+        return set()  # hivemind's handler refuses the whole request
+    refused = {i for i, in_cache in enumerate(request.in_cache) if in_cache and i not in skip}
+    if refused and isinstance(protocol.cache, BudgetedStorage):
+        protocol.cache.events[StorageEvent.REFUSED_REMOTE_CACHE] += len(refused)
+    return refused
+
+
+def _refuse_foreign(
+    protocol: DHTProtocol, request: dht_pb2.StoreRequest, sender: str, skip: AbstractSet[int] = frozenset()
+) -> set[int]:
+    """The foreign entries (:func:`foreign_entries`) bound for a storage that keeps owners' records only, counted.
+
+    Entries at ``skip`` (already dropped for another reason) are neither counted nor returned.
+    """
     refused: set[int] = set()
     if len(request.in_cache) != len(request.subkeys):
         return refused  # malformed: hivemind's handler refuses the whole request
-    for i in foreign_entries(request, sender):
+    for i in foreign_entries(request, sender) - skip:
         target = protocol.cache if request.in_cache[i] else protocol.storage
         if isinstance(target, BudgetedStorage) and target.budget.owners_only:
             target.events[StorageEvent.REFUSED_NOT_OWNER] += 1

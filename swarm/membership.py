@@ -124,15 +124,40 @@ class MembershipConfig:
             "of records from minted keys then needs one live host per record (swarm.dht_storage)."
         },
     )
+    # Per-sender quota, sized from what one honest peer keeps alive on a replica (with few nodes, every
+    # replica holds every key): its state record (~0.9 KiB charged), the join and vote records of its rounds
+    # of the last ~95 s (~0.8 KiB each; ~19 + 19 at one round per 5 s gather window, ~70 + 70 in the tests'
+    # sub-second rounds) and one descriptor per live window key and shard level (<= 2.4 KiB each: 11 windows
+    # x 2 levels by default, 242 with the longest descriptor lifetime, 3600 s): ~60 entries / ~85 KiB
+    # typically, ~150 at most in practice. A peer over its quota loses its own entries expiring soonest:
+    # an honest one its oldest windows' descriptors and finished rounds' records, which no one reads.
+    dht_sender_entries: int = field(
+        default=256,
+        metadata={
+            "help": "Most entries the stores of one peer may hold here (an honest peer keeps ~60, ~150 with "
+            "sub-second sync rounds); past it, that peer's own records expiring soonest are evicted, no one "
+            "else's: one host flooding valid records of its own under made-up keys then evicts nothing honest "
+            "(swarm.dht_storage)."
+        },
+    )
+    dht_sender_bytes: int = field(
+        default=1024 * 1024,
+        metadata={
+            "help": "Most bytes the stores of one peer may hold here (an honest peer keeps ~85 KiB, ~0.6 MiB "
+            "with hour-long descriptors; at least dht_key_bytes); with dht_sender_entries, filling "
+            "dht_storage_bytes takes ~25 live hosts of the largest records, ~75 of state records."
+        },
+    )
 
     def storage_budget(self) -> StorageBudget:
         """Bounds of the records this node stores for the swarm."""
         return StorageBudget(
-            self.dht_storage_bytes, self.dht_key_bytes, self.dht_key_subkeys, owners_only=self.dht_owners_only
-        )
+            self.dht_storage_bytes, self.dht_key_bytes, self.dht_key_subkeys, owners_only=self.dht_owners_only,
+            sender_entries=self.dht_sender_entries, sender_bytes=self.dht_sender_bytes,
+        )  # fmt: skip
 
     def cache_budget(self) -> StorageBudget:
-        """Bounds of this node's lookup cache."""
+        """Bounds of this node's lookup cache (remote peers write none of it, so no sender quota is needed)."""
         return StorageBudget(
             self.dht_cache_bytes, self.dht_key_bytes, self.dht_key_subkeys, self.dht_cache_keys, self.dht_owners_only
         )
@@ -146,9 +171,14 @@ class MembershipConfig:
         for name in ("dht_storage_bytes", "dht_cache_bytes"):
             if getattr(self, name) < self.dht_key_bytes:
                 raise ValueError(f"{name}={getattr(self, name)} < dht_key_bytes={self.dht_key_bytes}; raise {name}")
-        for name in ("dht_key_subkeys", "dht_cache_keys"):
+        for name in ("dht_key_subkeys", "dht_cache_keys", "dht_sender_entries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}; use at least 1")
+        if self.dht_sender_bytes < self.dht_key_bytes:  # the largest record a key admits must fit one quota
+            raise ValueError(
+                f"dht_sender_bytes={self.dht_sender_bytes} < dht_key_bytes={self.dht_key_bytes}; "
+                "raise dht_sender_bytes (e.g. 1048576)"
+            )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
