@@ -23,6 +23,12 @@ record (:meth:`SyncService.expect`), and at most ``MAX_WAITING_PER_PEER`` /
 ``MAX_WAITING`` such parts wait at once; any other group id is refused at
 once. The ``ping`` op answers at once: members probe each other's liveness
 with it (:mod:`swarm.sync.liveness`).
+
+The ``state`` op serves this member's current state to whoever asks (a
+newcomer's catch-up), within a budget (:mod:`swarm.sync.serving`): at most
+``max_state_serves`` downloads at once and one per asking peer, all sharing one
+serialized copy of the state, each cut off at its own deadline; an ask past the
+budget is refused at once and the asker tries its next donor.
 """
 
 from __future__ import annotations
@@ -61,7 +67,8 @@ from swarm.sync.notices import EarlyNotices, cause_of, notice, tell, worth_telli
 from swarm.sync.pieces import Part, SliceReduction
 from swarm.sync.records import valid_origin
 from swarm.sync.robust import Suspicion, as_array, norm
-from swarm.sync.tensors import decode_into, encoded_size, from_bytes, slice_bounds, to_bytes
+from swarm.sync.serving import ServeBudget, ServeRefusal, SharedStates
+from swarm.sync.tensors import decode_into, encoded_size, from_bytes, slice_bounds
 from swarm.sync.tensors import state_hash as compute_state_hash
 from swarm.sync.wire import check_ok, check_weight, read_header, read_payload, send_error, write_frame, write_head
 
@@ -83,6 +90,10 @@ PING_TRIES = 2
 """Pings per check when the stream closes before an answer (a timeout or a dial error is not retried)."""
 INDIRECT_FOR_S = 600.0
 """How long a member sends on the P2P stream to an owner it could not reach directly."""
+MAX_STATE_SERVES = 4
+"""State downloads served at once unless the constructor says otherwise (OuterSyncConfig.max_state_serves)."""
+STATE_DEADLINE_S = 60.0
+"""Bound on serving one state download unless the constructor says otherwise (OuterSyncConfig.state_bound_s)."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +182,8 @@ class SyncService:
         register_timeout: float = 10.0,
         direct_host: str | None = None,
         direct_send: bool | None = None,
+        max_state_serves: int = MAX_STATE_SERVES,
+        state_deadline: float = STATE_DEADLINE_S,
     ) -> None:
         self._p2p, self._name, self._me = p2p, name, me
         # payloads on direct TCP connections (swarm.sync.direct): taken on a listener on ``direct_host``
@@ -195,6 +208,20 @@ class SyncService:
         """Abort notices this member is sending (swarm.sync.notices), held so they are not collected."""
         self.hints = DialHints()
         """Peers' published addresses, dialled when one cannot be reached otherwise (swarm.sync.dialhints)."""
+        # state downloads (swarm.sync.serving): a stalled reader frees its slot at ``state_deadline``
+        self._serves = ServeBudget(max_state_serves)
+        self._states = SharedStates()
+        self._state_deadline = state_deadline
+
+    @property
+    def serve_refusals(self) -> dict[ServeRefusal, int]:
+        """State downloads refused at once, by reason (the budget of swarm.sync.serving)."""
+        return self._serves.refusals
+
+    @property
+    def state_builds(self) -> int:
+        """States serialized for downloads so far: one per state hash asked for, however many asked."""
+        return self._states.builds
 
     async def start(self) -> None:
         if self._listener is not None:
@@ -237,7 +264,7 @@ class SyncService:
             elif header.get("op") == "ping":
                 await write_frame(writer, {"ok": True}, b"", self._chunk_timeout)
             elif header.get("op") == "state":
-                await self._serve_state(writer)
+                await self._serve_state(info.peer_id.to_base58(), writer)
             elif header.get("op") == "abort":
                 self._member_gave_up(info.peer_id.to_base58(), header)
                 await write_frame(writer, {"ok": True}, b"", self._chunk_timeout)
@@ -400,14 +427,46 @@ class SyncService:
         if sock is not None:
             await write_frame(writer, {"ok": True, "sha256": red.digest}, b"", timeout)
 
-    async def _serve_state(self, writer: asyncio.StreamWriter) -> None:
+    async def _serve_state(self, peer: str, writer: asyncio.StreamWriter) -> None:
+        """Send this member's current state to ``peer`` within the serving budget and its deadline."""
+        refusal = self._serves.take(peer)
+        if refusal is not None:
+            raise SyncAborted(f"state not served: {refusal.value}", AbortCause.PEER_REFUSED)
+        try:
+            await asyncio.wait_for(self._send_state(writer), self._state_deadline)
+        except TimeoutError:
+            # a reader stalled past the deadline (or one chunk's timeout): no error frame can follow a payload
+            # already begun, and what the transport still buffers for it goes now, not when it reads
+            logger.debug("[%s] cut a state download to %s: too slow", self._me[-6:], peer[-6:])
+            writer.transport.abort()
+        finally:
+            self._serves.release(peer)
+
+    async def _send_state(self, writer: asyncio.StreamWriter) -> None:
         snap = self._snapshot()
-        payload = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: to_bytes(snap.anchor) + to_bytes(snap.momentum)
-        )
-        header = {"ok": True, "revision": snap.revision, "state_hash": snap.state_hash, "n": snap.anchor.numel()}
-        header["origin"] = snap.origin
-        await write_frame(writer, header, payload, self._chunk_timeout)
+        held = self._states.hold(snap.state_hash, lambda: self._serialize(snap))
+        if held is None:
+            reason = self._serves.refuse(ServeRefusal.STATES_HELD).value
+            raise SyncAborted(f"state not served: {reason}", AbortCause.PEER_REFUSED)
+        try:
+            payload = await asyncio.shield(held)  # a download cut off while it builds leaves it to the others
+            header = {"ok": True, "revision": snap.revision, "state_hash": snap.state_hash, "n": snap.anchor.numel()}
+            header["origin"] = snap.origin
+            await write_frame(writer, header, payload, self._chunk_timeout)
+        finally:
+            self._states.let_go(snap.state_hash, self._snapshot().state_hash)
+
+    @staticmethod
+    async def _serialize(snap: Snapshot) -> memoryview:
+        """The anchor then the momentum as float32 little-endian bytes, in one buffer (read-only: it is shared)."""
+
+        def build() -> memoryview:
+            n = snap.anchor.numel()
+            out = np.empty(n + snap.momentum.numel(), dtype="<f4")
+            out[:n], out[n:] = as_array(snap.anchor), as_array(snap.momentum)
+            return out.view(np.uint8).data.toreadonly()  # bytes, whatever this machine's byte order
+
+        return await asyncio.get_running_loop().run_in_executor(None, build)
 
     # ---- calling side -------------------------------------------------------------------------
 

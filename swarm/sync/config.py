@@ -205,6 +205,14 @@ class OuterSyncConfig:
     state_timeout_s: float = field(
         default=60.0, metadata={"help": "Bound on downloading the group's state when catching up."}
     )
+    max_state_serves: int = field(
+        default=4,
+        metadata={
+            "help": "State downloads this peer serves at once (one per asking peer): an ask past it is refused "
+            "at once and the asker tries its next donor. Every download shares one copy of the state's bytes, "
+            "but also the link: each must finish within the state download bound. >= 1."
+        },
+    )
     min_link_mbit: float = field(
         default=20.0,
         metadata={
@@ -224,9 +232,10 @@ class OuterSyncConfig:
     max_update: float = field(
         default=0.5,
         metadata={
-            "help": "A reduced slice or outer step is refused only if it is larger than what this member's own "
-            "contribution allows AND than max_update x the anchor's norm (per slice: its share of it); the "
-            "second keeps a member that barely trained from refusing honest peers. > 0."
+            "help": "Floor of the reduced-slice and outer-step checks for a member with no evidence of an "
+            "honest average's scale (its parts and committed averages all below 1e-4 of the anchor's norm: its "
+            "groups had no signal since it started): max_update x the anchor's norm (per slice: its share). "
+            "Every other member judges by its own evidence (swarm.sync.assemble). > 0."
         },
     )
     min_group_size: int = field(default=2, metadata={"help": "Fewest peers (self included) to sync with."})
@@ -280,6 +289,8 @@ class OuterSyncConfig:
             raise ValueError(f"max_update={self.max_update}; use a positive number (default 0.5)")
         if not (math.isfinite(self.max_state_shift) and self.max_state_shift > 0):
             raise ValueError(f"max_state_shift={self.max_state_shift}; use a positive number (default 1.0)")
+        if self.max_state_serves < 1:
+            raise ValueError(f"max_state_serves={self.max_state_serves}; use at least 1 (default 4)")
         if self.min_group_size < 2:
             raise ValueError(f"min_group_size={self.min_group_size}; use at least 2 (yourself and a peer)")
         if self.max_group_size < self.min_group_size:

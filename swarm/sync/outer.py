@@ -167,6 +167,8 @@ class OuterSync:
             # sends its own directly to owners that listen
             direct_host=membership.cfg.host if cfg.direct_payloads and not membership.cfg.client_mode else None,
             direct_send=cfg.direct_payloads,
+            max_state_serves=cfg.max_state_serves,
+            state_deadline=cfg.state_bound_s(anchor.numel()),  # a stalled reader frees its slot by then
         )
         self._service.hints = self._records.hints  # addresses read with the records, dialled by the service
         membership.run(self._service.start(), cfg.dht_timeout_s)
