@@ -13,7 +13,13 @@ once more.
 Bounded: at most one connect per peer per :data:`RECONNECT_S`, and hints for at
 most :data:`MAX_HINTS` peers. An address that does not belong to the record's
 signer fails libp2p's handshake (it checks the peer id), so a record naming
-another host's address costs one refused dial.
+another host's address costs one refused dial. Keys are free, though: ghost
+join records from a thousand fresh keys, each naming a third party's address,
+would have every member dial that host once per key and round (up to 1,024 x
+4 dials). So one address is dialled at most once per :data:`RECONNECT_S`,
+whichever peers name it, and all hint-driven connects together at most
+:data:`MAX_CONNECTS` times per :data:`RECONNECT_S`: a third party named by any
+number of keys sees at most one dial per member per 30 s.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ MAX_ADDR_CHARS = 128
 RECONNECT_S = 30.0
 """Seconds between two connects to one peer through its published addresses."""
 MAX_HINTS = 4096
+MAX_CONNECTS = 32
+"""Hint-driven connects per :data:`RECONNECT_S`, all peers together (a round pings at most 64 peers, most of them
+reachable without a hint)."""
 
 
 class _Addressed(Protocol):
@@ -67,6 +76,8 @@ class DialHints:
         self._clock = clock
         self._addrs: dict[str, tuple[str, ...]] = {}
         self._tried: dict[str, float] = {}
+        self._dialled: dict[str, float] = {}
+        """Address -> when it was last handed out: one dial per address per RECONNECT_S, whoever names it."""
 
     def learn(self, records: Mapping[str, _Addressed]) -> None:
         """Take every record's addresses (the newest win; the oldest peers are forgotten past MAX_HINTS)."""
@@ -80,9 +91,16 @@ class DialHints:
             del self._tried[next(iter(self._tried))]
 
     def take(self, peer: str) -> tuple[str, ...]:
-        """``peer``'s addresses to connect through now, or none (unknown, or tried within RECONNECT_S)."""
+        """``peer``'s addresses to connect through now, or none: unknown, tried within RECONNECT_S, every
+        address it names dialled within RECONNECT_S, or MAX_CONNECTS connects made within RECONNECT_S."""
         now = self._clock()
         if peer not in self._addrs or now - self._tried.get(peer, -RECONNECT_S) < RECONNECT_S:
             return ()
+        self._dialled = {a: t for a, t in self._dialled.items() if now - t < RECONNECT_S}
+        fresh = tuple(a for a in self._addrs[peer] if a not in self._dialled)
+        recent = sum(now - t < RECONNECT_S for t in self._tried.values())
+        if not fresh or recent >= MAX_CONNECTS:
+            return ()
         self._tried[peer] = now
-        return self._addrs[peer]
+        self._dialled.update(dict.fromkeys(fresh, now))
+        return fresh

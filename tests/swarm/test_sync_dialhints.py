@@ -10,7 +10,15 @@ import pytest
 
 from protocol import SigningKey
 from protocol.errors import MessageRejected
-from swarm.sync.dialhints import MAX_ADDR_CHARS, MAX_ADDRS, RECONNECT_S, DialHints, transport_addrs, valid_addr
+from swarm.sync.dialhints import (
+    MAX_ADDR_CHARS,
+    MAX_ADDRS,
+    MAX_CONNECTS,
+    RECONNECT_S,
+    DialHints,
+    transport_addrs,
+    valid_addr,
+)
 from swarm.sync.records import JOIN_KIND, STATE_KIND, JoinRecord, StateRecord, open_record, seal_record
 from tests.fakes import FakeClock
 
@@ -47,6 +55,29 @@ def test_a_peers_addresses_are_handed_out_for_a_connect_at_most_once_per_reconne
     assert hints.take("b") == ()  # a record naming an unreachable address costs one dial per period
     clock.now += RECONNECT_S
     assert hints.take("b") == ("/ip4/127.0.0.1/tcp/5",)
+
+
+def test_ghost_records_naming_a_third_party_get_it_dialled_once_per_period_not_once_per_key() -> None:
+    """Round-3 finding: 1,024 fresh keys' join records, each naming one victim's address (and their own
+    sets of four), had every member connect per key and round. Now one dial per address per period, and
+    MAX_CONNECTS connects per period in all."""
+    clock = FakeClock(100.0)
+    hints = DialHints(clock)
+    victim = "/ip4/127.0.0.9/tcp/80"
+    ghosts = {f"g{i}": StateRecord(f"g{i}", FP, 3, "e" * 64, 1.0, "", (victim,)) for i in range(1024)}
+    hints.learn(ghosts)
+    handed = [hints.take(p) for p in ghosts]
+    assert sum(victim in h for h in handed) == 1  # with the rule off: 1,024
+    spread = {
+        f"s{i}": StateRecord(f"s{i}", FP, 3, "e" * 64, 1.0, "", (f"/ip4/127.0.1.{i % 250}/tcp/{i}",))
+        for i in range(1024)
+    }
+    hints.learn(spread)
+    assert sum(bool(hints.take(p)) for p in spread) == MAX_CONNECTS - 1  # every connect of the period counts
+    clock.now += RECONNECT_S
+    honest = StateRecord("h", FP, 3, "e" * 64, 1.0, "", ("/ip4/127.0.0.2/tcp/5",))
+    hints.learn({"h": honest})
+    assert hints.take("h") == ("/ip4/127.0.0.2/tcp/5",)  # the next period has room again
 
 
 def test_a_join_record_names_its_signers_addresses_too() -> None:

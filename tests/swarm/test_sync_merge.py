@@ -56,6 +56,19 @@ def test_the_history_with_more_live_peers_wins_and_a_tie_goes_to_the_smaller_ori
     assert decide_merge(states, "me", C, alive={"x", "y", "z"}) is not None  # C alone loses to either
 
 
+def test_a_ground_origin_wins_a_tie_so_pulling_an_island_takes_as_many_live_hosts_as_it_has_peers() -> None:
+    """Round-3 finding, kept as a stated cost (SECURITY.md, "Merges"): an origin is a state's hash, which a key
+    grinds below any honest one in a few tries, so the tie-break gives an attacker the island at n hosts, not
+    n + 1. Breaking ties any other way that both sides can compute is as grindable."""
+    island = {f"i{k}": _rec(f"i{k}", B, 40) for k in range(3)}
+    ground = "0" * 8 + "f" * 56  # smaller than ~every honest origin
+    hosts = {f"m{k}": _rec(f"m{k}", ground, 9) for k in range(3)}
+    mine = {**island, **hosts}
+    assert decide_merge(mine, "i0", B, alive={"i1", "i2", "m0", "m1"}) is None  # 3 against 2: the island stays
+    pulled = decide_merge(mine, "i0", B, alive={"i1", "i2", "m0", "m1", "m2"})  # 3 against 3: the tie is hers
+    assert pulled is not None and set(pulled.donors) == set(hosts)
+
+
 def test_keys_that_answer_no_ping_count_for_no_history() -> None:
     """Records are free to sign; a live host is not. Counted without the ping, 20 keys would pull a pair."""
     sybils = {k.peer_id: _rec(k.peer_id, C, 900) for k in (SigningKey.generate() for _ in range(20))}
