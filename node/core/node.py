@@ -381,7 +381,13 @@ class Node:
         traffic = self.exchange.stats() if self.exchange is not None else {}
         reputation = self.exchange.reputation_summary() if self.exchange is not None else {}
         trained = int(stats.get("n_groups", 0))
-        influence = self._influence(external)
+        # what the step trained on from each peer, after its defences (the plausibility gate, the share cap)
+        influence = (
+            {k: int(v) for k, v in stats.get("publisher_rows", {}).items()},
+            {k: round(float(v), 4) for k, v in stats.get("publisher_adv", {}).items()},
+        )
+        # the completions those defences cut count as refusals by their reason, beside the ingest's
+        reasons = collected.reasons + Counter(stats.get("cut", {}))
         record = RoundRecord(
             time=self.clock(),
             peer=self.peer_id,
@@ -390,8 +396,8 @@ class Node:
             external_reward_mean=mean([r for g in external for r in g.rewards]),
             local_groups=len(local),
             external_groups=len(external),
-            external_rejected=sum(collected.reasons.values()),
-            rejected_reasons=dict(collected.reasons),
+            external_rejected=sum(reasons.values()),
+            rejected_reasons=dict(reasons),
             accepted_groups=collected.accepted,
             fetch_failed=collected.fetch_failed,
             reward_mismatches=collected.mismatches,
@@ -433,17 +439,6 @@ class Node:
         assert self.metrics is not None
         self.metrics.write(RoundRecord.EVENT, **record.to_event())
         return record
-
-    def _influence(self, external: list[TrainGroup]) -> tuple[dict[str, int], dict[str, float]]:
-        """Each peer's rows and sum of absolute advantages in this step (groups with a signal: the trained ones)."""
-        rows: dict[str, int] = {}
-        mass: dict[str, float] = {}
-        for g in external:
-            adv = self.trainer.advantages(g)
-            if any(abs(a) > 1e-6 for a in adv):  # has_signal's test, on advantages computed once
-                rows[g.source_peer] = rows.get(g.source_peer, 0) + len(g.completions)
-                mass[g.source_peer] = round(mass.get(g.source_peer, 0.0) + sum(abs(a) for a in adv), 4)
-        return rows, mass
 
     def _credit_order(self, groups: list[TrainGroup]) -> list[int]:
         """The ``credit`` policy's ranking of groups with signal (see :mod:`node.core.credit`)."""

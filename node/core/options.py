@@ -178,6 +178,16 @@ class NodeOptions:
         0.0, "truncated importance weight of a peer's completion: min(p_here / p_publisher, cap); 0: off",
         group=OFFPOLICY, flag="--external-is-cap", inherit=True, min=0, max=100,
     )  # fmt: skip
+    max_publisher_share: float = option(
+        0.34, "most of a step's informative rows (non-zero advantage) and of its advantage mass one peer may supply; "
+        "this node's own rows count in the whole and are never cut; 1: off",
+        group=OFFPOLICY, inherit=True, above=0, max=1,
+    )  # fmt: skip
+    max_logp_gap: float = option(
+        2.0, "plausibility gate: weight 0 for a peer's completion whose mean token log-prob here lies more than this "
+        "many nats below the median of this node's own recent completions; 0: off",
+        group=OFFPOLICY, flag="--external-max-logp-gap", inherit=True, min=0, max=50,
+    )  # fmt: skip
     baseline: str = option(
         "receiver", "baseline of peers' groups: group (their mean) or receiver (this node's mean reward on the family)",
         group=OFFPOLICY, flag="--external-baseline", inherit=True, choices=("group", "receiver"),

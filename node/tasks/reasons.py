@@ -30,6 +30,12 @@ class RejectReason(StrEnum):
     HELD_OUT = "held-out evaluation prompt"
     """A prompt of the evaluation split (:mod:`node.tasks.heldout`): training on it would turn the
     node's held-out score into a training score. Not a fault: a peer of another version may split otherwise."""
+    IMPLAUSIBLE = "text implausible here"
+    """Counted per completion, at training: a peer's completion far less likely under this node's policy than its
+    own (``max_logp_gap``) gets weight 0. Not a fault: an honest peer of another model may write so."""
+    SHARE_CAP = "over publisher share of step"
+    """Counted per completion, at training: a peer's rows past ``max_publisher_share`` of the step's informative
+    rows are dropped, and its rows scaled down past that share of the advantage mass. Not a fault."""
 
 
 FAULTS: frozenset[RejectReason] = frozenset(

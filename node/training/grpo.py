@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,9 +34,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from node.tasks.reasons import RejectReason
 from node.tasks.verify import TrainGroup
 from node.training.diagnostics import StepDiagnostics, flat_grad, source_key
-from node.training.offpolicy import FamilyBaseline, OffPolicyConfig, completion_weight, receiver_advantages
+from node.training.offpolicy import (
+    FamilyBaseline,
+    OffPolicyConfig,
+    OwnLikelihood,
+    completion_weight,
+    receiver_advantages,
+    share_limit,
+)
 from node.training.policy import Policy
 from node.training.schedule import LR_SCHEDULES, scheduled_lr
 
@@ -126,6 +136,50 @@ def bounded_mass(advantages: Sequence[float], most: float = 1.0) -> list[float]:
     """
     mass = sum(abs(a) for a in advantages) / max(len(advantages), 1)
     return list(advantages) if mass <= most else [a * most / mass for a in advantages]
+
+
+INFORMATIVE = 1e-6
+"""An advantage of at most this size moves nothing: its row is not informative."""
+
+
+def cap_publisher_share(rows: Sequence[Row], share: float) -> tuple[list[Row], int]:
+    """``rows`` with no publisher above ``share`` of the informative rows, nor of the advantage mass.
+
+    The node's own rows (unit ``local``) count in the whole and are never cut. A publisher past the row
+    limit (:func:`~node.training.offpolicy.share_limit`) keeps its first informative rows up to it (the rest
+    are dropped); then one past the mass limit has its advantages scaled down to it. Returns the rows and how
+    many were dropped or scaled down.
+
+    >>> own = [Row("p", "c", 1.0)] * 2
+    >>> peer = [Row("p", "c", 1.0, True, unit="x")] * 6
+    >>> kept, cut = cap_publisher_share(own + peer, 0.5)
+    >>> sum(r.unit == "x" for r in kept), cut  # 0.5 * (2 + L) = L
+    (2, 4)
+    """
+    if share >= 1:
+        return list(rows), 0
+    count: Counter[str] = Counter(r.unit for r in rows if abs(r.advantage) > INFORMATIVE)
+    peers = {u: n for u, n in count.items() if u != "local"}
+    most = share_limit(float(count["local"]), [float(n) for n in peers.values()], share)
+    seen: Counter[str] = Counter()
+    kept: list[Row] = []
+    for r in rows:
+        if r.unit != "local" and peers.get(r.unit, 0) > most:
+            if seen[r.unit] >= int(most + 1e-9):
+                continue
+            seen[r.unit] += abs(r.advantage) > INFORMATIVE
+        kept.append(r)
+    cut = len(rows) - len(kept)
+    mass: dict[str, float] = {}
+    for r in kept:
+        mass[r.unit] = mass.get(r.unit, 0.0) + abs(r.advantage)
+    by_peer = {u: m for u, m in mass.items() if u != "local" and m > 0}
+    heaviest = share_limit(mass.get("local", 0.0), list(by_peer.values()), share)
+    scale = {u: heaviest / m for u, m in by_peer.items() if m > heaviest}
+    if not scale:
+        return kept, cut
+    cut += sum(1 for r in kept if r.unit in scale and abs(r.advantage) > INFORMATIVE)
+    return [dataclasses.replace(r, advantage=r.advantage * scale[r.unit]) if r.unit in scale else r for r in kept], cut
 
 
 def drop_zero_advantage(groups: Sequence[TrainGroup]) -> tuple[list[TrainGroup], int]:
@@ -227,6 +281,7 @@ class GRPOTrainer:
         self.offpolicy = offpolicy or OffPolicyConfig()
         self.diagnose = diagnose
         self.baseline = FamilyBaseline(self.offpolicy.baseline_momentum)
+        self.own_logp = OwnLikelihood()
         params = [p for p in policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params,
@@ -255,8 +310,12 @@ class GRPOTrainer:
         """
         base = self.baseline.get(group.task_family)
         if group.external and self.offpolicy.baseline == "receiver" and base is not None:
-            return bounded_mass(receiver_advantages(group.rewards, base, self.offpolicy.min_scale))
-        return group_advantages(group.rewards, self.cfg.scale_rewards)
+            adv = bounded_mass(receiver_advantages(group.rewards, base, self.offpolicy.min_scale))
+        else:
+            adv = group_advantages(group.rewards, self.cfg.scale_rewards)
+        if group.external and self.offpolicy.successes_only:
+            return [max(0.0, a) for a in adv]  # only a peer's successes guide (OffPolicyConfig.successes_only)
+        return adv
 
     def has_signal(self, group: TrainGroup) -> bool:
         """Whether any of the group's advantages is non-zero (only then does it move the policy)."""
@@ -271,6 +330,57 @@ class GRPOTrainer:
                 unit = g.source_peer if g.external else "local"
                 rows.append(Row(g.prompt, c, a, g.external, lp if g.external else None, key, unit))
         return rows
+
+    def _token_logps(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
+        """Each completion's mean token log-probability under the policy now (no grad; eos included)."""
+        if not completions:
+            return []
+        seq = self.policy.sequence_logprobs(list(prompts), list(completions), self.cfg.micro_batch_size)
+        return [s / len(self.policy.encode_completion(c)) for s, c in zip(seq, completions, strict=True)]
+
+    def _observe_own(self, local: Sequence[TrainGroup]) -> None:
+        """Fold this node's own completions' mean token log-probabilities into the gate's reference.
+
+        Every own group counts, with signal or not: the reference is what this node writes, not what it
+        trains on. A group's behaviour log-probabilities, when the node scored them for sharing, are those
+        of this same policy (before this step), so they are reused rather than scored again.
+        """
+        if self.offpolicy.max_logp_gap <= 0 or not local:
+            return
+        known: list[float] = []
+        prompts: list[str] = []
+        texts: list[str] = []
+        for g in local:
+            if g.behaviour_logprobs is not None:
+                known += [
+                    s / len(self.policy.encode_completion(c))
+                    for s, c in zip(g.behaviour_logprobs, g.completions, strict=True)
+                ]
+            else:
+                prompts += [g.prompt] * len(g.completions)
+                texts += list(g.completions)
+        self.own_logp.add(known + self._token_logps(prompts, texts))
+
+    def _plausible(self, rows: Sequence[Row]) -> tuple[list[Row], int]:
+        """``rows`` without the peers' completions this policy finds implausible (``max_logp_gap``); how many."""
+        floor = self.own_logp.floor(self.offpolicy.max_logp_gap)
+        external = [r for r in rows if r.external]
+        if floor is None or not external:
+            return list(rows), 0
+        scores = self._token_logps([r.prompt for r in external], [r.completion for r in external])
+        refused = {id(r) for r, s in zip(external, scores, strict=True) if s < floor}
+        kept = [r for r in rows if id(r) not in refused]
+        if refused:
+            logger.info("gave weight 0 to %d peer completion(s) below %.2f nats/token", len(refused), floor)
+        return kept, len(rows) - len(kept)
+
+    def _defend(self, rows: Sequence[Row]) -> tuple[list[Row], Counter[str]]:
+        """The plausibility gate, then the publisher share cap (on the rows left: the informative ones);
+        the completions each cut, by reason."""
+        cut: Counter[str] = Counter()
+        kept, cut[RejectReason.IMPLAUSIBLE.value] = self._plausible(rows)
+        kept, cut[RejectReason.SHARE_CAP.value] = cap_publisher_share(kept, self.offpolicy.max_publisher_share)
+        return kept, +cut
 
     def _norm(self, rows: Sequence[Row]) -> LossNorm:
         lengths = [len(self.policy.encode_completion(r.completion)) for r in rows]
@@ -395,10 +505,13 @@ class GRPOTrainer:
         (:meth:`has_signal`) are dropped and counted (``n_dropped``). Old log-probs
         are fixed before the first update (under no_grad; with
         ``num_iterations == 1`` they equal the detached current ones, so no
-        extra forward pass is made). Returns statistics: loss (last update),
+        extra forward pass is made). Peers' rows then pass the plausibility gate and the publisher share
+        cap (:meth:`_defend`). Returns statistics: loss (last update),
         n_groups (kept), n_dropped, n_too_long, n_completions, grad_norm (last
         update), clip_frac (over all updates), mean_reward (all given groups), seconds, lr (the
-        rate after ``done`` rounds of the schedule), and with ``diagnose`` ``sources`` and the local /
+        rate after ``done`` rounds of the schedule), ``cut`` (reason -> peers' completions the defences
+        removed or scaled down), ``publisher_rows`` / ``publisher_adv`` (peer -> rows and sum of absolute
+        advantages trained on), and with ``diagnose`` ``sources`` and the local /
         external gradient norms (first update).
         """
         t0 = time.perf_counter()
@@ -415,9 +528,19 @@ class GRPOTrainer:
             "loss": 0.0, "n_groups": len(kept), "n_dropped": len(fitting) - len(kept), "n_too_long": too_long,
             "n_completions": 0, "grad_norm": 0.0, "clip_frac": 0.0,
             "mean_reward": sum(all_rewards) / len(all_rewards) if all_rewards else 0.0, "lr": lr,
+            "cut": {}, "publisher_rows": {}, "publisher_adv": {},
         }  # fmt: skip
+        rows: list[Row] = []
         if kept:
-            rows = self._rows(kept)
+            if any(g.external for g in kept):
+                self._observe_own([g for g in fitting if not g.external])
+            rows, cut = self._defend(self._rows(kept))
+            stats["cut"] = dict(cut)
+        for r in rows:
+            if r.external:
+                stats["publisher_rows"][r.unit] = stats["publisher_rows"].get(r.unit, 0) + 1
+                stats["publisher_adv"][r.unit] = stats["publisher_adv"].get(r.unit, 0.0) + abs(r.advantage)
+        if rows:
             chunks = self._chunks(rows, by_unit=self.diagnose)
             norm = self._norm(rows)
             old = self._fixed_logprobs(self.policy, chunks) if self.cfg.num_iterations > 1 else None

@@ -22,6 +22,20 @@ off by default and each pure (time and randomness play no part):
 
 Local completions always keep weight 1 and the group-mean baseline.
 
+Two bounds hold whatever the preset (issue 51: a peer's valid, all-correct groups with junk text around the
+right answer were the only informative rows of a node whose own groups had no signal, 70% of what it trained
+on, and the junk spread into the node's own completions):
+
+- **receiver plausibility** (``max_logp_gap``): an external completion whose mean token log-probability under
+  this policy lies more than ``max_logp_gap`` nats below the median of this node's own recent completions
+  (:class:`OwnLikelihood`) gets weight 0: text this node would never write cannot carry an answer's credit
+  into it. Relative to the node's own text, not absolute, so it follows the policy as it sharpens, and the
+  margin leaves room for honest peers of other models, whose text scores lower here than this node's own;
+- **publisher share** (``max_publisher_share``): no peer supplies more than this share of a step's
+  informative rows (non-zero advantage) or of its advantage mass (:func:`share_limit`), the node's own rows
+  counted in the whole but never cut, so one peer cannot be all a node learns from, while several peers
+  together may fill a step.
+
 Defaults, chosen by measurement on the built-in testbed (docs/EXPERIMENTS.md): the receiver baseline
 on (with advantage sampling it turned 0.82x of no sharing into 0.99x, better on 5 of 5 seeds), the
 likelihood filter and the importance weights off (each lost to the same configuration without it).
@@ -31,6 +45,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +56,7 @@ OBJECTIVES: Mapping[str, Mapping[str, object]] = {
     "tis": {"baseline": "group", "is_cap": 1.0},
     "baseline": {"baseline": "receiver"},
     "baseline+tis": {"baseline": "receiver", "is_cap": 1.0},
+    "baseline+guide": {"baseline": "receiver", "successes_only": True},
 }
 """Named presets of :class:`OffPolicyConfig` (``swarm-node experiment --objectives``); ``plain`` is SAPO's
 GRPO on peers' completions as if sampled here. Each names its baseline, whatever the default."""
@@ -71,6 +87,34 @@ class OffPolicyConfig:
     min_scale: float = field(
         default=0.5, metadata={"help": "Receiver baseline: advantages are divided by max(group std, this)."}
     )
+    # A peer's completion that did worse than this node expects is text of another model pushed down here:
+    # lowering the probability of sequences this policy would rarely write moves its mass unpredictably (the
+    # strongest models of a mixed swarm collapsed under it, issue 52); a peer's success is guidance.
+    successes_only: bool = field(
+        default=False,
+        metadata={"help": "Success-only guidance: a peer's completions teach only where they did better than "
+                  "this node expects (their negative advantages become 0); its own completions are unchanged."},
+    )  # fmt: skip
+    # 1/3 and a little: with J = 4 external groups a node whose own groups have no signal still learns from
+    # three publishers (each exactly a third), and SAPO's 4 local + 4 external with four peers gives each about a
+    # quarter; 0.25 would need four informative publishers in every step of such a node, 0.5 lets one peer be
+    # half of it.
+    max_publisher_share: float = field(
+        default=0.34,
+        metadata={"help": "Most of a step's informative rows (non-zero advantage) and of its advantage mass one "
+                  "peer may supply; the node's own rows count in the whole and are never cut, a peer's excess is "
+                  "dropped (rows) or scaled down (mass). 1 turns it off."},
+    )  # fmt: skip
+    # Calibrated on the built-in models (SECURITY.md, rollout side): a warm-started tiny-s scores its own
+    # chain_sum completions at a median -2.88 nats/token (5th percentile -4.0), honest tiny-m / tiny-gpt2 /
+    # tiny-l completions at medians -2.3 to -2.5 and at worst -4.33 (1.45 below its median; its own worst is 1.86
+    # below), junk around a right answer at -5.56 to -5.64 (2.4-2.8 below: 2.5 let it through by a hair, live).
+    max_logp_gap: float = field(
+        default=2.0,
+        metadata={"help": "Plausibility gate: a peer's completion whose mean token log-prob here lies more than "
+                  "this many nats below the median of this node's own recent completions gets weight 0 (text "
+                  "this node would never write carries no credit here); 0 turns it off."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         checks = [
@@ -79,6 +123,14 @@ class OffPolicyConfig:
             (self.baseline in BASELINES, f"baseline must be one of {BASELINES}"),
             (0 <= self.baseline_momentum < 1, "baseline_momentum must be in [0, 1)"),
             (self.min_scale > 0, "min_scale must be > 0"),
+            (
+                0 < self.max_publisher_share <= 1,
+                f"max_publisher_share={self.max_publisher_share}; use a share in (0, 1], e.g. 0.34 (1: off)",
+            ),
+            (
+                0 <= self.max_logp_gap <= 50,
+                f"max_logp_gap={self.max_logp_gap}; use nats per token in [0, 50], e.g. 2.0 (0: off)",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -156,3 +208,62 @@ class FamilyBaseline:
     def get(self, family: str) -> float | None:
         """The running mean for ``family``; None before any local group of it."""
         return self.means.get(family)
+
+
+def share_limit(own: float, amounts: Sequence[float], share: float) -> float:
+    """The most any one of ``amounts`` may keep so that none exceeds ``share`` of the whole; inf: none must cut.
+
+    The whole is ``own`` (never cut) plus every amount after the cut, so the limit ``L`` is the largest with
+    ``L <= share * (own + sum(min(a, L)))``: water-filling, where cutting one publisher also shrinks the
+    whole the others are measured against. Several publishers at the limit may together fill the step
+    (three at a third each), but one alone, beside nothing of the node's own, keeps nothing.
+
+    >>> share_limit(0.0, [10.0], 0.5), share_limit(10.0, [30.0], 0.5)
+    (0.0, 10.0)
+    >>> share_limit(0.0, [8.0, 8.0, 8.0], 0.34)  # three publishers, each a third: nothing to cut
+    inf
+    >>> round(share_limit(4.0, [20.0, 4.0], 0.34), 4)  # 0.34 * (4 + 4 + L) = L
+    4.1212
+    """
+    if share >= 1 or not amounts:
+        return math.inf
+
+    def slack(limit: float) -> float:  # concave, piecewise linear, slack(0) = share * own >= 0
+        return share * (own + sum(min(a, limit) for a in amounts)) - limit
+
+    points = sorted({0.0, *amounts})
+    if slack(points[-1]) >= 0:
+        return math.inf
+    below = 0.0
+    for point in points[1:]:
+        if slack(point) < 0:  # the largest root lies in [below, point], where slack is linear
+            s0, s1 = slack(below), slack(point)
+            return below + (point - below) * s0 / (s0 - s1)
+        below = point
+    return below  # not reached: slack(points[-1]) < 0
+
+
+@dataclass
+class OwnLikelihood:
+    """This node's own recent completions' mean token log-probabilities under its policy (a bounded window).
+
+    The reference of the plausibility gate: only this node's own samples feed it, so no peer can move it.
+    """
+
+    window: int = 256
+    values: deque[float] = field(default_factory=deque)
+
+    def add(self, values: Sequence[float]) -> None:
+        """Fold in the mean token log-probabilities of this node's own completions (the oldest fall out)."""
+        self.values.extend(v for v in values if math.isfinite(v))
+        while len(self.values) > self.window:
+            self.values.popleft()
+
+    def median(self) -> float | None:
+        """The median of the window; None before any own completion."""
+        return statistics.median(self.values) if self.values else None
+
+    def floor(self, gap: float) -> float | None:
+        """The lowest mean token log-probability a peer's completion may have here; None: no reference yet."""
+        median = self.median()
+        return None if median is None or gap <= 0 else median - gap

@@ -21,7 +21,11 @@ need not), and for ``--duration`` seconds keeps running the chosen attacks
   stream, never answers), ``digest`` (serves bytes that do not match),
   ``amplify`` (valid groups of the honest nodes' own task, each with the
   protocol's 64 completions, all right: the most rows and advantage one
-  publisher can claim).
+  publisher can claim), ``junk`` (valid groups of ``--junk-family``, each of 64 completions that all state
+  the right answer inside junk text a receiver would never write: a poisoner's only way to earn credit).
+
+``watch`` collects the honest nodes' own batches as any peer may (a RolloutExchange) and appends each
+one's completions to ``DIR/observed.jsonl``: what the victims write, to see whether the junk spread.
 
 What it did is written as JSON to ``DIR/attacker.json`` (counts per attack),
 refreshed every cycle. SIGTERM ends it.
@@ -48,14 +52,21 @@ import hivemind
 from node.tasks.heldout import training_item
 from node.tasks.registry import build_task
 from protocol import Descriptor, RolloutBatch, RolloutGroup, SigningKey, payload_digest, seal_batch, seal_descriptor
-from swarm.exchange import window_key
+from swarm.exchange import RolloutExchange, window_key
 from swarm.identity import Identity, encode_key_file
 from swarm.membership import Membership, MembershipConfig
 
-PUBLISHERS = ("long", "foreign", "slow", "silent", "digest", "amplify")
+PUBLISHERS = ("long", "foreign", "slow", "silent", "digest", "amplify", "junk")
 WINDOW_S = 30.0  # the swarm's default ExchangeConfig.window_s
 FOREIGN_FAMILY = "rg:basic_arithmetic"  # honest nodes in the tests train on the built-in tiny tasks only
 HONEST_FAMILY = "max"
+JUNK = "~^~^`|{}|~^ BUY@evil#$ "
+"""What the ``junk`` publisher wraps every right answer in; a victim that learned it writes it (SECURITY.md)."""
+
+
+def junk_completion(answer: str) -> str:
+    """A completion the verifier rewards (its answer is right) whose text no honest policy writes."""
+    return f"{JUNK}<answer>{answer}</answer>"
 
 
 def _identity(root: Path, name: str) -> Identity:
@@ -66,15 +77,17 @@ def _identity(root: Path, name: str) -> Identity:
     return Identity(key, path)
 
 
-def _descriptor(key: SigningKey, round_: int, digest: str, size: int, created: float) -> Descriptor:
-    return Descriptor(key.peer_id, round_, digest, size, (HONEST_FAMILY,), created, created + 300.0)
+def _descriptor(
+    key: SigningKey, round_: int, digest: str, size: int, created: float, families: tuple[str, ...] = (HONEST_FAMILY,)
+) -> Descriptor:
+    return Descriptor(key.peer_id, round_, digest, size, families, created, created + 300.0)
 
 
 class Publisher:
     """One live attacker host serving its own batches with a chosen misbehaviour."""
 
-    def __init__(self, mode: str, membership: Membership, swarm_id: str) -> None:
-        self.mode, self.m, self.swarm_id = mode, membership, swarm_id
+    def __init__(self, mode: str, membership: Membership, swarm_id: str, junk_family: str = "rg:chain_sum") -> None:
+        self.mode, self.m, self.swarm_id, self.junk_family = mode, membership, swarm_id, junk_family
         self.served: dict[str, bytes] = {}
         self.round = 0
         self.stored = 0
@@ -121,6 +134,13 @@ class Publisher:
                 ]
             half = 64 * (self.round % 2)
             return tuple(self._foreign[half : half + 64])
+        if self.mode == "junk":
+            family = build_task(self.junk_family)
+            # seed 0, the family's own default config: the receiver's dataset for it is built once
+            items = [training_item(family, 0, random.randrange(2**30)) for _ in range(4)]
+            return tuple(
+                RolloutGroup(i.ref, i.prompt, (junk_completion(i.answer),) * 64, (1.0,) * 64, "tiny-s") for i in items
+            )
         family = build_task(HONEST_FAMILY)
         items = [training_item(family, random.randrange(2**40), 0) for _ in range(4)]
 
@@ -144,7 +164,8 @@ class Publisher:
         payload = seal_batch(batch, self.m.identity.key)
         digest = payload_digest(payload)
         self.served = {digest: payload}  # only the newest is served
-        desc = _descriptor(self.m.identity.key, self.round, digest, len(payload), now)
+        families = tuple(sorted({g.task.family for g in batch.groups}))
+        desc = _descriptor(self.m.identity.key, self.round, digest, len(payload), now, families)
         assert self.m.dht is not None
         key = window_key(self.swarm_id, now, WINDOW_S)
         sealed = seal_descriptor(desc, self.m.identity.key)
@@ -171,6 +192,7 @@ class Attacker:
         self.flood_keys = [SigningKey.generate() for _ in range(args.flood_keys)] if "flood" in self.attacks else []
         self.members: list[Membership] = []
         self.publishers: list[Publisher] = []
+        self.watcher: RolloutExchange | None = None
 
     def _join(self, name: str) -> Membership:
         cfg = MembershipConfig(swarm_id=self.args.swarm_id, host="127.0.0.1", initial_peers=(self.args.peer,))
@@ -182,7 +204,10 @@ class Attacker:
         self.base = self._join("base")
         for mode in PUBLISHERS:
             if mode in self.attacks:
-                self.publishers.append(Publisher(mode, self._join(mode), self.args.swarm_id).start())
+                publisher = Publisher(mode, self._join(mode), self.args.swarm_id, self.args.junk_family)
+                self.publishers.append(publisher.start())
+        if "watch" in self.attacks:
+            self.watcher = RolloutExchange(self._join("watch")).start()
         self.report["peers"] = len(self.members)
         ids = {p.mode: p.m.peer_id for p in self.publishers}
         (self.root / "attacker-ids.json").write_text(json.dumps({"base": self.base.peer_id, **ids}))
@@ -255,7 +280,29 @@ class Attacker:
         self.report["stored_by_publishers"] = sum(p.stored for p in self.publishers)
         (self.root / "attacker.json").write_text(json.dumps(self.report))
 
+    def watch(self) -> None:
+        """Collect the honest nodes' newest batches; append what they wrote to ``observed.jsonl``."""
+        if self.watcher is None:
+            return
+        own = {m.peer_id for m in self.members}
+        result = self.watcher.collect(since=time.time() - 120.0, limit=8)
+        with (self.root / "observed.jsonl").open("a") as out:
+            for desc, batch in result.accepted:
+                if desc.publisher in own:
+                    continue
+                completions = [c for g in batch.groups for c in g.completions]
+                line = {
+                    "time": time.time(),
+                    "publisher": desc.publisher,
+                    "round": batch.round,
+                    "completions": completions,
+                }
+                out.write(json.dumps(line) + "\n")
+                self.report["watched_batches"] += 1
+
     def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
         for m in self.members:
             m.shutdown()
 
@@ -264,12 +311,14 @@ def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--peer", required=True, help="multiaddr of a swarm node to join through")
     p.add_argument("--dir", required=True, help="where keys and attacker.json go")
-    p.add_argument("--attacks", default="flood,replay,garbage," + ",".join(PUBLISHERS))
+    # junk and watch are for one victim of a reasoning-gym family (test_attack_junk.py), not in the default mix
+    p.add_argument("--attacks", default="flood,replay,garbage," + ",".join(m for m in PUBLISHERS if m != "junk"))
     p.add_argument("--swarm-id", default="swarm-node")
     p.add_argument("--duration", type=float, default=60.0)
     p.add_argument("--every", type=float, default=2.0, help="seconds between cycles")
     p.add_argument("--dht-every", type=float, default=15.0, help="seconds between flood/replay rounds")
     p.add_argument("--flood-keys", type=int, default=300)
+    p.add_argument("--junk-family", default="rg:chain_sum", help="the task family of the junk publisher's groups")
     p.add_argument("--flood-skew", type=float, default=100.0, help="seconds added to flood descriptors' created")
     return p.parse_args()
 
@@ -290,7 +339,13 @@ def main() -> None:
                 attacker.dht_cycle()
                 stop.wait(args.dht_every)
 
+        def watch_loop() -> None:
+            while not stop.is_set() and time.monotonic() < deadline:
+                attacker.watch()
+                stop.wait(args.every)
+
         threading.Thread(target=dht_loop, daemon=True).start()
+        threading.Thread(target=watch_loop, daemon=True).start()
         while not stop.is_set() and time.monotonic() < deadline:
             attacker.publish_cycle()
             stop.wait(args.every)

@@ -130,14 +130,20 @@ def test_external_completions_of_weight_zero_do_not_move_the_policy() -> None:
     stats = strict.step([group([1.0, 0.0], ["7", "3"], external=True)])
     assert stats["n_groups"] == 1 and stats["grad_norm"] == 0.0
     assert all(torch.equal(a, b) for a, b in zip(before, p.model.parameters(), strict=True))
-    plain = GRPOTrainer(p, GRPOConfig(learning_rate=1e-2)).step([group([1.0, 0.0], ["7", "3"], external=True)])
+    # a lone publisher beside nothing of the node's own is past any share cap: uncapped here
+    uncapped = OffPolicyConfig(max_publisher_share=1.0)
+    plain = GRPOTrainer(p, GRPOConfig(learning_rate=1e-2), uncapped).step(
+        [group([1.0, 0.0], ["7", "3"], external=True)]
+    )
     assert plain["grad_norm"] > 0
 
 
 def test_importance_weight_uses_the_claim_and_shrinks_the_update() -> None:
     """A peer claiming its completions were near-certain (log-prob 0) gets weights p_here < 1: a smaller gradient."""
     grads = {}
-    for name, cfg in {"plain": OffPolicyConfig(), "tis": OffPolicyConfig(is_cap=1.0)}.items():
+    # a lone publisher: the share cap (tested on its own below) would cut it whole
+    plain, tis = OffPolicyConfig(max_publisher_share=1.0), OffPolicyConfig(is_cap=1.0, max_publisher_share=1.0)
+    for name, cfg in {"plain": plain, "tis": tis}.items():
         p = policy(seed=1)
         trainer = GRPOTrainer(p, GRPOConfig(max_grad_norm=0.0), cfg, diagnose=True)
         stats = trainer.step([group([1.0, 0.0], ["7", "3"], external=True, claims=[0.0, 0.0])])
@@ -166,9 +172,28 @@ def test_receiver_baseline_gives_an_all_correct_peer_group_signal() -> None:
     assert not trainer.has_signal(local_all_right)  # own groups keep the group baseline
 
 
+def test_success_only_guidance_keeps_a_peers_successes_and_zeroes_its_failures_by_hand() -> None:
+    """baseline+guide: a strong receiver (mean 0.75 here) sees a weak peer's group [1, 0, 0, 0]: the receiver
+    baseline gives (r - 0.75) / max(std 0.5, 0.5) = [0.5, -1.5, -1.5, -1.5], bounded to a mean |a| of 1
+    ([0.4, -1.2, -1.2, -1.2]); success-only guidance keeps [0.4, 0, 0, 0]. Its own groups are unchanged."""
+    p = policy()
+    guide = GRPOTrainer(p, offpolicy=OffPolicyConfig.preset("baseline+guide"))
+    guide.baseline.means["max"] = 0.75
+    weak_peer = group([1.0, 0.0, 0.0, 0.0], ["9", "1", "2", "3"], external=True)
+    assert guide.advantages(weak_peer) == pytest.approx([0.4, 0.0, 0.0, 0.0])
+    plain_receiver = GRPOTrainer(p, offpolicy=OffPolicyConfig.preset("baseline"))
+    plain_receiver.baseline.means["max"] = 0.75
+    assert plain_receiver.advantages(weak_peer) == pytest.approx([0.4, -1.2, -1.2, -1.2])
+    own = group([1.0, 0.0], ["9", "1"])
+    assert guide.advantages(own) == pytest.approx([0.7071, -0.7071], rel=1e-3)  # its own: as before
+    all_wrong_peer = group([0.0, 0.0], ["1", "2"], external=True)
+    assert not guide.has_signal(all_wrong_peer)  # nothing to learn from: dropped, not pushed down
+
+
 def test_diagnostics_split_local_and_external_gradients() -> None:
     p = policy()
-    trainer = GRPOTrainer(p, GRPOConfig(max_grad_norm=0.0), diagnose=True)
+    uncapped = OffPolicyConfig(max_publisher_share=1.0)  # half of the step from one peer: past the default cap
+    trainer = GRPOTrainer(p, GRPOConfig(max_grad_norm=0.0), uncapped, diagnose=True)
     stats = trainer.step([group([1.0, 0.0], ["7", "3"]), group([0.0, 1.0], ["5", "8"], external=True)])
     src = stats["sources"]
     assert set(src) == {"local", "ext:tiny-m"}

@@ -231,7 +231,9 @@ def test_collect_counts_every_rejection_mismatch_and_failure(
     make_node: NodeMaker, clock: FakeClock, tmp_path: Path
 ) -> None:
     h = Harness()
-    node = make_node(h, external_groups=3, max_source_share=1.0)  # one peer may fill all 3 slots here
+    # one peer may fill all 3 slots here, and the whole step (the ingest's counts are under test, not the share cap)
+    parts = NodeParts(offpolicy=OffPolicyConfig(max_publisher_share=1.0))
+    node = make_node(h, parts, external_groups=3, max_source_share=1.0)
     p1, p2, p3, p4 = peer_ids(tmp_path, 4)
     wrong_prompt = dataclasses.replace(informative(3), prompt="max 0000=")
     assert wrong_prompt.prompt != training_item(MAX, 77, 3).prompt
@@ -355,7 +357,8 @@ def test_one_peer_supplies_at_most_its_share_of_a_step_however_much_it_sends(
     each is cut to the node's G, its advantages to a mean |a| of 1, and it supplies at most
     max_source_share x I x G rows (and so that much advantage mass) to a step; an honest peer still gets in."""
     h = Harness()
-    node = make_node(h, external_groups=4, max_source_share=0.5)  # quota 0.5 x 2 x 4 = 4 rows
+    parts = NodeParts(offpolicy=OffPolicyConfig(max_publisher_share=1.0))  # the row quota alone is under test
+    node = make_node(h, parts, external_groups=4, max_source_share=0.5)  # quota 0.5 x 2 x 4 = 4 rows
     amp, honest = peer_ids(tmp_path, 2)
     loud = [group(i, ["ANSWER"] * 64) for i in range(4)]
     h.exchange.queued.append(CollectResult([accepted(amp, loud), accepted(honest, [informative(9)])], [], 2, 0.0))
@@ -413,7 +416,8 @@ def test_hostile_batches_neither_crash_nor_stall_a_round(
     seeds = hostile_groups("rg:chain_sum", 64, first_seed=20_000)
     monkeypatch.setattr(rg, "_DATASETS", rg.DatasetCache(64))  # the node has built none of the attacker's seeds
     h = Harness()
-    parts = NodeParts(ingest=IngestConfig(max_ingest_s=600.0))  # counts decide here, not this machine's speed
+    # counts decide here, not this machine's speed; the ingest's refusals are under test, not the share cap
+    parts = NodeParts(ingest=IngestConfig(max_ingest_s=600.0), offpolicy=OffPolicyConfig(max_publisher_share=1.0))
     node = make_node(h, parts, model="tiny-gpt2", tasks=("max", "rg:chain_sum"), external_groups=256, pool_capacity=256)
     builds: list[str] = []
     real_create = reasoning_gym.create_dataset
