@@ -192,6 +192,11 @@ class NodeOptions:
         "receiver", "baseline of peers' groups: group (their mean) or receiver (this node's mean reward on the family)",
         group=OFFPOLICY, flag="--external-baseline", inherit=True, choices=("group", "receiver"),
     )  # fmt: skip
+    successes_only: bool = option(
+        False, "success-only guidance: a peer's completions teach only where they did better than this node expects "
+        "(their negative advantages become 0); measured on four architectures in docs/EXPERIMENTS.md",
+        group=OFFPOLICY, flag="--external-successes-only", inherit=True,
+    )  # fmt: skip
     gradient_checkpointing: bool = option(
         False,
         "recompute activations in the backward pass: less memory for a real LM, ~1/3 more training time",

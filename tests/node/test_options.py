@@ -63,6 +63,11 @@ def test_default_options_give_the_components_own_defaults() -> None:
     assert NodeOptions().dashboard_host == DashboardConfig().host
 
 
+def test_success_only_guidance_reaches_the_trainers_config() -> None:
+    _, parts = node_configs(NodeOptions(successes_only=True), "0.0.0.0", 0)
+    assert parts.offpolicy.successes_only and not NodeParts().offpolicy.successes_only
+
+
 def test_sync_options_feed_the_sync_config() -> None:
     _, parts = node_configs(NodeOptions(sync_every=5), "0.0.0.0", 0)
     # a node's outer step is plain averaging (what taught in RL); the library's default stays DiLoCo's
