@@ -536,6 +536,11 @@ class GRPOTrainer:
                 self._observe_own([g for g in fitting if not g.external])
             rows, cut = self._defend(self._rows(kept))
             stats["cut"] = dict(cut)
+            # a group the defences cut whole (a lone peer's beside no own signal) is not trained on; with no
+            # informative row left there is no step at all (counted so: the weights must not seem to move)
+            left = {(r.unit, r.prompt) for r in rows if abs(r.advantage) > INFORMATIVE}
+            rows = rows if left else []
+            stats["n_groups"] = sum((g.source_peer if g.external else "local", g.prompt) in left for g in kept)
         for r in rows:
             if r.external:
                 stats["publisher_rows"][r.unit] = stats["publisher_rows"].get(r.unit, 0) + 1

@@ -7,10 +7,12 @@ import time
 
 import pytest
 
+from node.tasks.reasons import RejectReason
 from tests.integration.nodes import NodeProc, Swarm, wait_for
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
+TRAINER_CUTS = {RejectReason.SHARE_CAP.value, RejectReason.IMPLAUSIBLE.value}
 COMMON = ("--rounds", "0", "--local", "2", "--external", "4", "--generations", "4", "--seed")
 
 
@@ -30,7 +32,13 @@ def test_three_nodes_share_then_survive_a_crash(swarm: Swarm) -> None:
     wait_for(everyone_heard_everyone, 180, "5 rounds each with external groups from both other nodes")
     for n in nodes:
         assert sum(r["external_groups"] for r in n.rounds()) > 0
-        refused = [(r["round"], r["rejected_reasons"]) for r in n.rounds() if r["external_rejected"]]
+        # the trainer's cuts weigh completions within a step (a peer's share of it, text far less likely than
+        # this node's own): limits on what one step takes, not verdicts on a peer (tests/node/test_poisoning.py)
+        refused = [
+            (r["round"], reasons)
+            for r in n.rounds()
+            if (reasons := {k: v for k, v in r["rejected_reasons"].items() if k not in TRAINER_CUTS})
+        ]
         assert not refused, f"{n.name}: honest peers must not be rejected: {refused[:5]}"
 
     c.kill(signal.SIGKILL)

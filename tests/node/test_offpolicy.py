@@ -126,11 +126,13 @@ def test_external_completions_of_weight_zero_do_not_move_the_policy() -> None:
     """With a likelihood filter no peer completion passes, a step on peers' groups alone changes nothing."""
     p = policy()
     before = [x.detach().clone() for x in p.model.parameters()]
-    strict = GRPOTrainer(p, GRPOConfig(learning_rate=1e-2), OffPolicyConfig(min_token_logp=-1e-3))
+    # a lone publisher beside nothing of the node's own is past any share cap: uncapped here, both times
+    strict = GRPOTrainer(
+        p, GRPOConfig(learning_rate=1e-2), OffPolicyConfig(min_token_logp=-1e-3, max_publisher_share=1)
+    )
     stats = strict.step([group([1.0, 0.0], ["7", "3"], external=True)])
     assert stats["n_groups"] == 1 and stats["grad_norm"] == 0.0
     assert all(torch.equal(a, b) for a, b in zip(before, p.model.parameters(), strict=True))
-    # a lone publisher beside nothing of the node's own is past any share cap: uncapped here
     uncapped = OffPolicyConfig(max_publisher_share=1.0)
     plain = GRPOTrainer(p, GRPOConfig(learning_rate=1e-2), uncapped).step(
         [group([1.0, 0.0], ["7", "3"], external=True)]
@@ -159,7 +161,8 @@ def test_importance_weight_uses_the_claim_and_shrinks_the_update() -> None:
 
 def test_receiver_baseline_gives_an_all_correct_peer_group_signal() -> None:
     p = policy()
-    trainer = GRPOTrainer(p, offpolicy=OffPolicyConfig(baseline="receiver"))
+    # uncapped: a lone peer beside no own signal is past the share cap (tests/node/test_poisoning.py)
+    trainer = GRPOTrainer(p, offpolicy=OffPolicyConfig(baseline="receiver", max_publisher_share=1.0))
     peer_all_right = group([1.0, 1.0], ["7", "7"], external=True)
     assert not trainer.has_signal(peer_all_right)  # no local reward seen yet: the group mean, no signal
     stats = trainer.step([group([0.0, 0.0], ["1", "2"]), peer_all_right])  # this node failed its own group
