@@ -33,10 +33,10 @@ and are kept as before. Nodes push no lookup results into others' caches
 (``cache_nearest=0``, swarm.membership), so the rule drops nothing honest.
 
 **Whose bytes they are.** The owner rule leaves one host one record per key,
-but a host may make up as many keys as it likes (issue 51: ~46k of its own
-valid state records, each under a made-up fingerprint, created 110 s ahead so
-they outlive every honest record). The total budget evicts the soonest-expiring
-entries first, which were then all the honest ones. With the sender quota a
+but a host may make up as many keys as it likes: its own valid state records,
+each under a made-up fingerprint, created 110 s ahead so they outlive every
+honest record. The total budget evicts the soonest-expiring entries first,
+which would then be all the honest ones. With the sender quota a
 host holds at most ``sender_entries`` entries and ``sender_bytes`` bytes at each
 replica however many keys it makes up; past that, its own stores evict its own
 oldest-expiring entries, so filling the budget takes as many live hosts as the

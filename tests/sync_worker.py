@@ -154,8 +154,8 @@ SHRINK = 0.45
 def _shrink_reducer(sync: Any) -> None:
     """Reduce this member's slice to SHRINK x the anchor's slice, and vote for it (its checks switched off).
 
-    The lying reducer of issue 51's round 3: the outer step then subtracts lr x SHRINK of the slice, a step
-    of 0.45 of the slice's anchor norm that the ``max_update`` floor (0.5) once let through everywhere.
+    A lying reducer: the outer step then subtracts lr x SHRINK of the slice, a step
+    of 0.45 of the slice's anchor norm, inside the ``max_update`` floor (0.5) a member without evidence keeps.
     """
     from dataclasses import replace
 
@@ -234,9 +234,9 @@ TAKEOVER_REVISION = 1_000_000
 class _TakeOver(threading.Thread):
     """After one honest commit: sign state records one revision past the others', serve a made-up state.
 
-    The catch-up takeover of issue 51's round 3: as a partner of a committed round this member is trusted, so
+    A catch-up takeover: as a partner of a committed round this member is trusted, so
     its record one revision ahead of every honest peer's is followed on its word (contested, or lone); the
-    state it then serves claims revision +1,000,000, which once widened the distance bound a millionfold.
+    state it then serves claims revision +1,000,000, which must not widen the distance bound a millionfold.
     """
 
     def __init__(self, sync: Any, out: Any, report: str, halt: float) -> None:

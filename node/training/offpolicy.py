@@ -22,9 +22,9 @@ off by default and each pure (time and randomness play no part):
 
 Local completions always keep weight 1 and the group-mean baseline.
 
-Two bounds hold whatever the preset (issue 51: a peer's valid, all-correct groups with junk text around the
-right answer were the only informative rows of a node whose own groups had no signal, 70% of what it trained
-on, and the junk spread into the node's own completions):
+Two bounds hold whatever the preset, because a peer's valid, all-correct groups with junk text around the
+right answer can be the only informative rows of a node whose own groups have no signal, most of what it
+trains on, and the junk then spreads into the node's own completions:
 
 - **receiver plausibility** (``max_logp_gap``): an external completion whose mean token log-probability under
   this policy lies more than ``max_logp_gap`` nats below the median of this node's own recent completions
@@ -89,7 +89,7 @@ class OffPolicyConfig:
     )
     # A peer's completion that did worse than this node expects is text of another model pushed down here:
     # lowering the probability of sequences this policy would rarely write moves its mass unpredictably (the
-    # strongest models of a mixed swarm collapsed under it, issue 52); a peer's success is guidance.
+    # strongest models of a mixed swarm fall furthest under it: docs/EXPERIMENTS.md); a peer's success guides.
     successes_only: bool = field(
         default=False,
         metadata={"help": "Success-only guidance: a peer's completions teach only where they did better than "

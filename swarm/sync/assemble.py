@@ -9,8 +9,8 @@ The scale a member judges a reducer's slice by is its own evidence
 averages it committed. ``max_update`` x the anchor's norm, a scale no
 contribution sets, is used only by a member without such evidence (one whose
 groups had no signal since it started): a reducer returning half of its
-slice of the anchor passed that floor at every member, and shrank a third
-of the model to 0.03 of its norm in six commits.
+slice of the anchor passes that floor at every member, and shrinks its
+slice towards zero commit after commit (tests/swarm/test_sync_attacks_reducer.py).
 """
 
 from __future__ import annotations
