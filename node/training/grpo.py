@@ -282,6 +282,7 @@ class GRPOTrainer:
         self.diagnose = diagnose
         self.baseline = FamilyBaseline(self.offpolicy.baseline_momentum)
         self.own_logp = OwnLikelihood()
+        self._warned_share = False
         params = [p for p in policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params,
@@ -539,6 +540,13 @@ class GRPOTrainer:
             # a group the defences cut whole (a lone peer's beside no own signal) is not trained on; with no
             # informative row left there is no step at all (counted so: the weights must not seem to move)
             left = {(r.unit, r.prompt) for r in rows if abs(r.advantage) > INFORMATIVE}
+            if not left and cut.get(RejectReason.SHARE_CAP.value) and not self._warned_share:
+                self._warned_share = True  # a node with one peer and no signal of its own learns nothing: say so
+                logger.warning(
+                    "a peer's groups were cut to --max-publisher-share %.2f beside no signal of this node's own, "
+                    "so this step trains on nothing; with a single peer, raise --max-publisher-share (1: off)",
+                    self.offpolicy.max_publisher_share,
+                )
             rows = rows if left else []
             stats["n_groups"] = sum((g.source_peer if g.external else "local", g.prompt) in left for g in kept)
         for r in rows:

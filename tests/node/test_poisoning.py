@@ -126,14 +126,17 @@ def test_the_trainer_caps_a_peers_all_correct_group_against_its_own_failed_ones(
     assert uncapped.step([*own_failed, own_some, *poison])["publisher_rows"]["poisoner"] == 16  # 4 / 5 of rows
 
 
-def test_a_lone_peer_cut_whole_is_no_trained_group_and_moves_no_weight() -> None:
-    """Beside no signal of its own, a lone peer's group keeps nothing: the step reports no group trained."""
+def test_a_lone_peer_cut_whole_is_no_trained_group_and_moves_no_weight(caplog: pytest.LogCaptureFixture) -> None:
+    """Beside no signal of its own, a lone peer's group keeps nothing: the step reports no group trained, and
+    the node says once how to learn from a single peer."""
     p = policy()
     trainer = GRPOTrainer(p, GRPOConfig(learning_rate=1e-2), OffPolicyConfig(max_logp_gap=0.0))
     before = [x.detach().clone() for x in p.model.parameters()]
     stats = trainer.step([group([0.0] * 4, ["1", "2", "3", "5"]), group([1.0, 0.0], ["4", "1"], peer="lone")])
     assert stats["n_groups"] == 0 and stats["n_completions"] == 0 and stats["cut"]
     assert all(torch.equal(a, b) for a, b in zip(before, p.model.parameters(), strict=True))
+    trainer.step([group([0.0] * 4, ["1", "2", "3", "5"]), group([1.0, 0.0], ["4", "1"], peer="lone")])
+    assert sum("raise --max-publisher-share" in r.getMessage() for r in caplog.records) == 1
 
 
 # --- the plausibility gate ------------------------------------------------------------------------
