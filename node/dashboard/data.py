@@ -9,6 +9,7 @@ malformed one is skipped, so one bad line never takes the dashboard down.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import threading
@@ -18,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from node.dashboard.trend import Trend, node_verdict, swarm_line
 
 SILENT_AFTER_S = 60.0
 PEERS_KEPT = 256
@@ -165,6 +168,8 @@ class NodeView:
     peers: OrderedDict[str, PeerRow] = field(default_factory=OrderedDict)
     last_sync: dict[str, Any] = field(default_factory=dict)
     catch_ups: int = 0
+    started: float | None = None
+    multiaddrs: list[str] = field(default_factory=list)
 
     def add(self, ev: dict[str, Any]) -> None:
         """Fold one event in."""
@@ -172,6 +177,8 @@ class NodeView:
         self.last_time = max(self.last_time, _real(ev.get("time")) or 0.0)
         if kind == "start":
             self.peer, self.model, self.status = ev.get("peer", ""), ev.get("model", ""), "running"
+            self.started = _real(ev.get("time"))
+            self.multiaddrs = [str(a) for a in ev.get("multiaddrs") or [] if isinstance(a, str)]
             for k in ("bytes_in", "bytes_out"):  # a restarted process counts from zero again
                 self._bytes_base[k] += int(self.last.get(k) or 0)
             self.last = {}
@@ -267,6 +274,19 @@ class NodeView:
             "first_round": first.round, "series": [[r, self.heldout_series[r]] for r in rounds],
         }  # fmt: skip
 
+    def verdict_json(self) -> dict[str, Any]:
+        """Whether the node learns: held-out accuracy once evaluated twice, else the training reward."""
+        heldout = sorted(self.heldout_series.items())
+        items = self.heldout_last.items if self.heldout_last is not None else None
+        rewards = [(r, self.series[r][0]) for r in sorted(self.series)]
+        return node_verdict(heldout, items, rewards).to_json()
+
+    def uptime_s(self, now: float) -> float | None:
+        """Seconds since this node's process wrote its ``start`` event, while it runs."""
+        if self.started is None or self.status != "running":
+            return None
+        return max(0.0, now - self.started)
+
     def bytes(self, direction: str) -> int:
         """Rollout payload bytes in or out over all of this node's runs."""
         return self._bytes_base[direction] + int(self.last.get(direction) or 0)
@@ -297,6 +317,7 @@ class NodeView:
             "banned_peers": _count(self.last.get("banned_peers")),
             "rss_mb": _real(self.last.get("rss_mb")), "children_rss_mb": _real(self.last.get("children_rss_mb")),
             "cpu_s": _real(self.last.get("cpu_s")), "children_cpu_s": _real(self.last.get("children_cpu_s")),
+            "uptime_s": self.uptime_s(now), "join": join_command(self.multiaddrs), "trend": self.verdict_json(),
         }  # fmt: skip
 
 
@@ -335,7 +356,32 @@ class SwarmView:
         totals["nodes"] = len(nodes)
         totals["running"] = sum(n["status"] == "running" for n in nodes)
         totals.update(_heldout_totals(nodes))
-        return {"title": self.title, "time": now, "totals": totals, "nodes": nodes}
+        totals["verdict"] = swarm_line([Trend(n["trend"]["trend"]) for n in nodes])
+        joinable = [n["join"] for n in nodes if n["join"] and n["status"] == "running"]
+        totals["join"] = joinable[0] if joinable else None
+        return {"title": self.title, "time": now, "version": version(), "totals": totals, "nodes": nodes}
+
+
+def join_command(multiaddrs: list[str]) -> str | None:
+    """The command others paste to join through this node, or None when it listens on no address.
+
+    A node in client mode (behind a NAT, ``--client-mode``) announces no address: nobody can dial it.
+
+    >>> join_command(["/ip4/127.0.0.1/tcp/4001/p2p/Qm1", "/ip4/10.0.0.5/tcp/4001/p2p/Qm1"])
+    'swarm-node join --peer /ip4/10.0.0.5/tcp/4001/p2p/Qm1'
+    >>> join_command([]) is None
+    True
+    """
+    best = sorted(multiaddrs, key=lambda a: ("/127." in a or "/::1/" in a, "/tcp/" not in a, a))
+    return f"swarm-node join --peer {best[0]}" if best else None
+
+
+def version() -> str:
+    """This installation's swarm-node version ("unknown" when run from a tree that is not installed)."""
+    try:
+        return importlib.metadata.version("swarm-node")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _heldout_totals(nodes: list[dict[str, Any]]) -> dict[str, Any]:

@@ -18,21 +18,30 @@ PAGE = r"""<!doctype html>
 <style>
 body{font:14px system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0;background:#f5f6f8;color:#1d232b}
 header{background:#1d2733;color:#fff;padding:12px 20px;display:flex;justify-content:space-between;align-items:baseline}
-header h1{font-size:18px;margin:0}#updated{font-size:12px;color:#b9c4d0}
-main{padding:16px 20px}.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(132px,1fr));gap:10px}
+header h1{font-size:18px;margin:0}#updated,#version{font-size:12px;color:#b9c4d0}#version{margin-left:8px}
+main{padding:16px 20px}.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(116px,1fr));gap:10px}
 .card{background:#fff;border-radius:6px;padding:10px 12px;box-shadow:0 1px 2px #0002}
 .card .k{font-size:11px;color:#667;text-transform:uppercase;letter-spacing:.04em}.card .v{font-size:20px;margin-top:4px}
 .card .s{font-size:11px;margin-top:2px}td[title]{cursor:help;text-decoration:underline dotted #99a}
 section{background:#fff;border-radius:6px;margin-top:14px;padding:12px;box-shadow:0 1px 2px #0002}
-h2{font-size:14px;margin:0 0 8px}table{border-collapse:collapse;width:100%;font-size:12.5px}
-th,td{text-align:right;padding:4px 6px;border-bottom:1px solid #eceef1;white-space:nowrap}
-th:first-child,td:first-child,th:nth-child(2),td:nth-child(2){text-align:left}
+h2{font-size:14px;margin:0 0 8px}table{border-collapse:collapse;width:100%;font-size:12px}
+th,td{text-align:right;padding:3px;border-bottom:1px solid #eceef1;white-space:nowrap}
+th{font-weight:600;white-space:normal;vertical-align:bottom}th[title]{cursor:help;text-decoration:underline dotted #99a}
+td.wrap{white-space:normal;min-width:96px;max-width:112px;text-align:left}.sub{font-size:11px;color:#889}
+#swarm{display:flex;flex-wrap:wrap;gap:6px 18px;align-items:baseline;margin-bottom:12px;font-size:13px}
+#swarm code{background:#fff;border:1px solid #d8dde3;border-radius:4px;padding:2px 6px;font-size:12px;
+user-select:all;word-break:break-all}.tr-learning{color:#18794e}.tr-getting{color:#b03030}.tr-flat,.tr-too{color:#778}
+svg.spark{vertical-align:middle;margin-right:4px}.scroll.more{box-shadow:inset -10px 0 8px -8px #0004}
+th:first-child,td:first-child,#peers td:nth-child(2),#peers th:nth-child(2){text-align:left}
 .st-running{color:#18794e}.st-silent,.st-left{color:#a15c00}.st-done{color:#3457a6}
 #legend span{display:inline-block;margin-right:14px;font-size:12px}#legend i{display:inline-block;width:18px;height:3px;
 vertical-align:middle;margin-right:4px}svg text{font-size:11px;fill:#667}.muted{color:#889}.scroll{overflow-x:auto}
 </style></head><body>
-<header><h1 id="title">swarm-node</h1><span id="updated">connecting...</span></header>
+<header><h1 id="title">swarm-node</h1><span><span id="updated">connecting...</span><span id="version"></span></span>
+</header>
 <main>
+<div id="swarm"><span><b>Is it learning?</b> <span id="verdict">-</span></span>
+<span><b>Join:</b> <code id="join">-</code></span><span><b>Up:</b> <span id="uptime">-</span></span></div>
 <div class="cards">
 <div class="card"><div class="k">nodes running</div><div class="v" id="t-nodes">-</div></div>
 <div class="card"><div class="k">rounds (all nodes)</div><div class="v" id="t-rounds">-</div></div>
@@ -48,12 +57,24 @@ vertical-align:middle;margin-right:4px}svg text{font-size:11px;fill:#667}.muted{
 <section><h2>Reward per round <span class="muted">(moving average of 10; solid: local, dashed: external)</span></h2>
 <svg id="chart" viewBox="0 0 1000 280" width="100%" height="280" preserveAspectRatio="none"></svg>
 <div id="legend"></div></section>
-<section><h2>Nodes</h2><div class="scroll"><table id="nodes"><thead><tr><th>peer</th><th>model</th><th>status</th>
-<th>round</th><th>reward</th><th>ext. reward</th><th>peers</th><th>accepted</th><th>used</th><th>rejected</th>
-<th>fetch failed</th><th>no signal</th><th>sync ok / aborted</th><th>revision</th><th>bytes in / out</th>
+<section><h2>Nodes</h2><div class="scroll" id="nodes-wrap"><table id="nodes"><thead><tr>
+<th title="the node's short peer id (its join command in the tip) and model">peer / model</th><th>status</th>
+<th title="time since the node's process started">up</th><th>round</th>
+<th title="held-out accuracy once evaluated twice, else the training reward;
+a change smaller than the noise of the figures reads as flat">trend</th>
+<th title="mean reward of the node's own completions, last round">reward</th>
+<th title="mean reward of the peers' completions it trained on, last round">ext. reward</th><th>peers</th>
+<th title="peers' groups that passed the checks / trained on / refused (by reason below)">
+groups ok / used / rejected</th>
+<th>fetch failed</th>
+<th title="groups whose completions all scored the same reward: GRPO's advantage
+(reward minus the group's mean) is zero for each, so the group teaches nothing">no signal</th>
+<th title="outer-sync rounds committed / aborted, and the revision of the weights">sync ok / aborted</th>
+<th>bytes in / out</th>
 <th>last sync</th><th>round s</th><th title="resident memory: node process / its DHT and p2pd">memory MB</th>
 <th title="CPU seconds since start: node / DHT and p2pd">CPU s</th>
-<th>held-out</th><th>sampled</th><th>eval round / age</th>
+<th title="greedy accuracy on held-out questions no node trains on: first -> latest, and the round and age of
+the latest evaluation (its sampled reward and per-family scores in the cell's tip)">held-out</th>
 </tr></thead><tbody></tbody></table></div></section>
 <section id="heldout" hidden><h2>Held-out accuracy per evaluation <span class="muted">(greedy; colors as above)</span>
 </h2><svg id="heldout-chart" viewBox="0 0 1000 200" width="100%" height="200" preserveAspectRatio="none"></svg>
@@ -63,7 +84,10 @@ vertical-align:middle;margin-right:4px}svg text{font-size:11px;fill:#667}.muted{
 <div class="scroll"><table id="peers"><thead><tr><th>node</th><th>peer</th><th>last seen</th><th>round</th>
 <th>batches</th><th>groups used</th><th>refused</th></tr></thead><tbody></tbody></table></div></section>
 <section><h2>Groups not used, by reason</h2><table id="reasons">
-<thead><tr><th>reason</th><th>kind</th><th>count</th></tr></thead><tbody></tbody></table></section>
+<thead><tr><th>reason</th><th>kind</th><th>count</th></tr></thead><tbody></tbody></table>
+<p class="muted" id="no-signal-help">no signal: every completion of the group scored the same reward, so GRPO's
+advantage (a completion's reward minus its group's mean) is zero and the group has nothing to teach; a task that
+is always or never solved gives only such groups.</p></section>
 </main>
 <script>
 "use strict";
@@ -71,10 +95,11 @@ const COLORS=["#2f6fde","#e0702a","#2a9d5c","#c23b7a","#7b52c7","#8c6d1f","#1f9a
 const $=id=>document.getElementById(id);
 const fmt=(v,d)=>v===null||v===undefined?"-":(typeof v==="number"?v.toFixed(d):String(v));
 function human(n){const u=["B","KB","MB","GB","TB"];let i=0;while(n>=1024&&i<u.length-1){n/=1024;i++;}
-  return (i?n.toFixed(1):String(n))+" "+u[i];}
+  return (i?n.toFixed(n<10?1:0):String(n))+" "+u[i];}
 function smooth(pts,w){const out=[];let s=0,q=[];for(const [x,y] of pts){q.push(y);s+=y;if(q.length>w)s-=q.shift();
   out.push([x,s/q.length]);}return out;}
 function cell(k,v){const td=document.createElement("td");td.dataset.k=k;td.textContent=v;return td;}
+function sub(td,text){const d=document.createElement("div");d.className="sub";d.textContent=text;td.appendChild(d);}
 function ago(s){if(s===null||s===undefined)return "-";s=Math.max(0,Math.round(s));
   return (s<120?s+"s":s<7200?Math.round(s/60)+"m":Math.round(s/3600)+"h")+" ago";}
 function plot(svg,H,lines,maxX,lo,hi,dots){
@@ -108,33 +133,54 @@ function heldoutTip(h){
     (h.items===null?"?":h.items)+" questions"+(h.complete===false?" (partial: cut by the time bound)":""),
     ...(fam.length?["per family:",...fam]:[])].join("\n");
 }
+const EVAL_HINT="no evaluation yet: --eval-every N evaluates every N rounds (and before the first, after the last)";
 function heldoutCells(h){
-  if(!h)return [cell("heldout","-"),cell("heldout_sample_reward","-"),cell("heldout_round","-")];
+  if(!h){const c=cell("heldout","-");c.title=EVAL_HINT;
+    return [c];}
   const now=fmt(h.accuracy,3)+(h.complete===false?"*":"");
   const acc=cell("heldout",h.round===h.first_round?now:fmt(h.first_accuracy,3)+" \u2192 "+now);
   acc.title=heldoutTip(h);
-  return [acc,cell("heldout_sample_reward",fmt(h.sample_reward,3)),cell("heldout_round",h.round+" / "+ago(h.age_s))];
+  sub(acc,"r"+h.round+", "+ago(h.age_s));return [acc];
+}
+function duration(s){if(s===null||s===undefined)return "-";s=Math.round(s);
+  return s<120?s+"s":s<7200?Math.round(s/60)+"m":(s/3600).toFixed(1)+"h";}
+function spark(pts,c){
+  if(pts.length<2)return "";const W=64,H=18,x0=pts[0][0],x1=pts[pts.length-1][0],ys=pts.map(p=>p[1]);
+  const lo=Math.min(...ys),hi=Math.max(...ys),X=x=>2+(W-4)*(x-x0)/((x1-x0)||1),Y=y=>H-2-(H-4)*(y-lo)/((hi-lo)||1);
+  const d=pts.map((p,j)=>(j?"L":"M")+X(p[0]).toFixed(1)+" "+Y(p[1]).toFixed(1)).join(" ");
+  return `<svg class="spark" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><path d="${d}" fill="none" `+
+    `stroke="${c}" stroke-width="1.5"/></svg>`;
+}
+function trendCell(n,c){
+  const v=n.trend,td=cell("trend","");td.title=v.text;
+  const pts=v.source==="held-out"&&n.heldout?n.heldout.series:smooth(n.series.map(p=>[p[0],p[1]]),10);
+  td.innerHTML=spark(pts,c)+`<span class="tr-${v.trend.split(" ")[0]}">${v.trend}</span>`;return td;
 }
 function drawNodes(nodes){
   const tb=$("nodes").tBodies[0];tb.textContent="";
-  for(const n of nodes){const tr=document.createElement("tr");tr.dataset.peer=n.peer;
+  nodes.forEach((n,i)=>{const tr=document.createElement("tr");tr.dataset.peer=n.peer;
     const rej=Object.values(n.rejected).reduce((a,b)=>a+b,0),ab=Object.values(n.sync_aborted).reduce((a,b)=>a+b,0);
-    const st=cell("status",n.status);st.className="st-"+n.status;
-    [cell("peer",n.peer),cell("model",n.model),st,cell("round",n.round),cell("reward",fmt(n.reward,3)),
-     cell("external_reward",fmt(n.external_reward,3)),cell("peers_seen",n.peers_seen),cell("accepted",n.accepted),
-     cell("used",n.used),cell("rejected",rej),cell("fetch_failed",n.fetch_failed),
-     cell("dropped_zero_adv",n.dropped_zero_adv),cell("sync",n.sync_committed+" / "+ab),cell("revision",n.revision),
+    const st=cell("status",n.status);st.className="st-"+n.status;const pc=cell("peer",n.peer);
+    pc.title=n.join||"accepts no connections (client mode): others join through a node that listens";
+    sub(pc,n.model);
+    [pc,st,cell("uptime",duration(n.uptime_s)),cell("round",n.round),
+     trendCell(n,COLORS[i%COLORS.length]),cell("reward",fmt(n.reward,3)),
+     cell("external_reward",fmt(n.external_reward,3)),cell("peers_seen",n.peers_seen),
+     cell("groups",n.accepted+" / "+n.used+" / "+rej),cell("fetch_failed",n.fetch_failed),
+     cell("dropped_zero_adv",n.dropped_zero_adv),cell("sync",n.sync_committed+" / "+ab+", rev "+n.revision),
      cell("bytes",human(n.bytes_in)+" / "+human(n.bytes_out)),syncCell(n),cell("round_s",fmt(n.round_s,2)),
      cell("memory",fmt(n.rss_mb,0)+" / "+fmt(n.children_rss_mb,0)),
      cell("cpu",fmt(n.cpu_s,0)+" / "+fmt(n.children_cpu_s,0)),
      ...heldoutCells(n.heldout)
-    ].forEach(td=>tr.appendChild(td));tb.appendChild(tr);}
+    ].forEach(td=>tr.appendChild(td));tb.appendChild(tr);});
+  const w=$("nodes-wrap"),more=w.scrollWidth>w.clientWidth+1;w.classList.toggle("more",more);
+  w.dataset.fits=String(!more);
 }
 function syncCell(n){
   const s=n.last_sync;if(!s)return cell("last_sync","-");
   const what=s.result+(s.cause?" ("+s.cause+")":"")+", "+(s.group_size??"-")+" peers, "+fmt(s.sync_s,1)+" s, "
     +ago(s.age_s);
-  const c=cell("last_sync",what),sus=Object.entries(s.suspects||{});
+  const c=cell("last_sync",what),sus=Object.entries(s.suspects||{});c.className="wrap";
   c.title="catch-ups: "+n.catch_ups+(sus.length?"\nsuspects: "+sus.map(([p,r])=>p+" "+r).join(", "):"");
   if(sus.length)c.textContent+=", "+sus.length+" suspect"+(sus.length>1?"s":"");
   return c;
@@ -152,7 +198,7 @@ function drawReasons(nodes){
   for(const n of nodes){
     for(const [r,c] of Object.entries(n.rejected))add("trust|"+r,c);
     for(const [r,c] of Object.entries(n.sync_aborted))add("sync aborted|"+r,c);
-    add("availability|fetch failed",n.fetch_failed);add("no signal|all rewards equal",n.dropped_zero_adv);}
+    add("availability|fetch failed",n.fetch_failed);add("no signal|all rewards equal (see below)",n.dropped_zero_adv);}
   const tb=$("reasons").tBodies[0];tb.textContent="";const keys=Object.keys(rows).sort();
   if(!keys.length){const tr=document.createElement("tr");tr.appendChild(cell("none","none"));
     tb.appendChild(tr);}
@@ -178,7 +224,7 @@ function drawHeldout(nodes){
 }
 function drawHeldoutCard(t){
   const none=t.heldout_accuracy===null;$("t-heldout").textContent=fmt(t.heldout_accuracy,3);
-  $("t-heldout-first").textContent=none?"no evaluation yet":
+  $("t-heldout-first").textContent=none?"none yet: --eval-every N turns it on":
     "from "+fmt(t.heldout_first_accuracy,3)+", mean of "+t.heldout_nodes+(t.heldout_nodes===1?" node":" nodes");
 }
 function render(d){
@@ -188,6 +234,10 @@ function render(d){
   $("t-groups").textContent=t.accepted+" / "+t.used;$("t-rejected").textContent=t.rejected;
   $("t-sync").textContent=t.sync_committed+" / "+t.sync_aborted;$("t-revision").textContent=t.revision;
   $("t-bytes").textContent=human(t.bytes_in)+" / "+human(t.bytes_out);
+  $("version").textContent="swarm-node "+d.version;$("verdict").textContent=t.verdict;
+  $("join").textContent=t.join||"no node here accepts connections (client mode): join through a node that listens";
+  const up=d.nodes.map(n=>n.uptime_s).filter(u=>u!==null);
+  $("uptime").textContent=up.length?duration(Math.max(...up)):"-";
   drawHeldoutCard(t);drawChart(d.nodes);drawNodes(d.nodes);drawPeers(d.nodes);drawReasons(d.nodes);drawHeldout(d.nodes);
   $("updated").textContent="live, updated "+new Date(d.time*1000).toLocaleTimeString();
 }

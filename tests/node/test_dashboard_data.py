@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import importlib.metadata
 import json
 import re
 import urllib.request
@@ -182,7 +183,7 @@ def test_missing_fields_and_raw_bad_lines_do_not_break_the_view(tmp_path: Path) 
 
 
 def test_page_has_heldout_column_card_and_panel() -> None:
-    for marker in ("<th>held-out</th>", 'id="t-heldout"', 'id="heldout-chart"', 'id="heldout-families"'):
+    for marker in (">held-out</th>", 'id="t-heldout"', 'id="heldout-chart"', 'id="heldout-families"'):
         assert marker in PAGE, marker
     assert "heldoutCells(n.heldout)" in PAGE and "drawHeldout(d.nodes)" in PAGE
 
@@ -307,3 +308,57 @@ def test_last_sync_shows_result_cause_group_duration_suspects_and_age(tmp_path: 
     assert [n["last_sync"] for n in swarm_view(tmp_path, "t").snapshot(now=10.0)["nodes"] if n["peer"] == "bbbbbb"] == [
         None
     ]
+
+
+def test_node_entry_gives_join_command_uptime_and_trend(tmp_path: Path) -> None:
+    addrs = ["/ip4/127.0.0.1/tcp/4001/p2p/peer-aaaaaa", "/ip4/192.168.1.7/tcp/4001/p2p/peer-aaaaaa"]
+    w = MetricsWriter(tmp_path / "aaaaaa" / "metrics.jsonl")
+    w.write("start", time=100.0, peer="peer-aaaaaa", model="tiny-s", multiaddrs=addrs)
+    for r in range(1, 41):
+        w.write("round", time=100.0 + r, peer="peer-aaaaaa", round=r, reward_mean=r / 40)
+    write_node(tmp_path / "bbbbbb" / "metrics.jsonl", "peer-bbbbbb", 3).close()  # no address: client mode
+    w.close()
+    snap = swarm_view(tmp_path, "t").snapshot(now=200.0)
+    a, b = snap["nodes"]
+    assert a["join"] == "swarm-node join --peer /ip4/192.168.1.7/tcp/4001/p2p/peer-aaaaaa"  # reachable first
+    assert b["join"] is None and snap["totals"]["join"] == a["join"]
+    assert a["uptime_s"] == 100.0
+    assert a["trend"]["trend"] == "learning" and a["trend"]["source"] == "reward"
+    assert a["trend"]["text"].startswith("learning: reward 0.14 -> 0.89 over 39 rounds")
+    assert b["trend"]["trend"] == "too early to tell"
+    assert snap["totals"]["verdict"] == "1 of 2 nodes learning, 1 too early to tell"
+    assert snap["version"] == importlib.metadata.version("swarm-node")
+
+
+def test_uptime_and_join_end_when_the_node_leaves(tmp_path: Path) -> None:
+    w = MetricsWriter(tmp_path / "aaaaaa" / "metrics.jsonl")
+    w.write("start", time=1.0, peer="peer-aaaaaa", model="tiny-s", multiaddrs=["/ip4/127.0.0.1/tcp/1/p2p/x"])
+    w.write("summary", time=5.0, peer="peer-aaaaaa")
+    w.close()
+    snap = swarm_view(tmp_path, "t").snapshot(now=9.0)
+    assert snap["nodes"][0]["uptime_s"] is None and snap["totals"]["join"] is None  # nobody to join through
+
+
+def test_heldout_trend_uses_the_evaluations_and_their_question_count(tmp_path: Path) -> None:
+    w = write_node(tmp_path / "aaaaaa" / "metrics.jsonl", "peer-aaaaaa", 30)
+    write_eval(w, "peer-aaaaaa", 0, 0.40, items=400)
+    write_eval(w, "peer-aaaaaa", 30, 0.55, items=400)
+    w.close()
+    trend = SwarmView("t", lambda: [tmp_path / "aaaaaa" / "metrics.jsonl"]).snapshot(now=50.0)["nodes"][0]["trend"]
+    assert (trend["source"], trend["trend"], trend["start"], trend["end"]) == ("held-out", "learning", 0.40, 0.55)
+    w = write_node(tmp_path / "bbbbbb" / "metrics.jsonl", "peer-bbbbbb", 30)
+    write_eval(w, "peer-bbbbbb", 0, 0.40, items=20)  # the same change on 20 questions is noise
+    write_eval(w, "peer-bbbbbb", 30, 0.55, items=20)
+    w.close()
+    trend = SwarmView("t", lambda: [tmp_path / "bbbbbb" / "metrics.jsonl"]).snapshot(now=50.0)["nodes"][0]["trend"]
+    assert (trend["source"], trend["trend"]) == ("held-out", "flat")
+
+
+def test_page_shows_verdict_join_uptime_version_and_explains_no_signal() -> None:
+    for marker in ('id="verdict"', 'id="join"', 'id="uptime"', 'id="version"', 'id="nodes-wrap"', "trendCell(n,"):
+        assert marker in PAGE, marker
+    assert 'cell("uptime",duration(n.uptime_s))' in PAGE
+    assert "accepts no connections (client mode)" in PAGE  # a node nobody can dial says so
+    assert re.search(r'<th title="groups whose completions all scored the same reward[^"]*">no signal</th>', PAGE)
+    assert 'id="no-signal-help"' in PAGE and "advantage" in PAGE
+    assert "--eval-every N" in PAGE  # the held-out hint names the flag that turns it on
