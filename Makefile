@@ -43,7 +43,7 @@ test-fast: $(STAMP)
 	$(VENV)/bin/pytest -q -m "not process and not network and not slow" protocol swarm node tests
 
 demo: $(STAMP)
-	$(VENV)/bin/swarm-node local --nodes 4 --rounds 300 --task max --task min --log-dir runs/demo
+	$(VENV)/bin/swarm-node demo
 
 bench: $(STAMP)
 	$(PY) bench/bench_gossip.py
