@@ -64,5 +64,6 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
         print(f"failed (rerun the command to retry): {', '.join(report.failed)}")
     if report.results:
         print((out / "results.md").read_text())
-        print(f"results: {out / 'results.json'}, {out / 'results.md'}, {out / 'reward_curves.png'}")
+        print(f"results: {out / 'results.json'} (as CSV: {out / 'results.csv'}, {out / 'summary.csv'}), ", end="")
+        print(f"{out / 'results.md'}, {out / 'reward_curves.png'}")
     return 1 if report.failed else 0

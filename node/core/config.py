@@ -84,6 +84,9 @@ class NodeConfig:
     log_dir: str = field(default="runs", metadata={"help": "Metrics go to <log_dir>/<peer-short-id>/."})
     device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or mps."})
     max_threads: int = field(default=0, metadata={"help": "CPU threads for torch; 0 leaves torch's default."})
+    report_to: str = field(
+        default="none", metadata={"help": "Where per-round scalars also go: none, tensorboard or wandb."}
+    )
     identity: str = field(default=DEFAULT_IDENTITY, metadata={"help": "Ed25519 key file; created on first run."})
     diagnose_groups: bool = field(
         default=False,

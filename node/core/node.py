@@ -33,6 +33,7 @@ from node.core.record import Collected, RoundRecord, banned_count, mean, most_re
 from node.observe import resources
 from node.observe.logs import CONTEXT, PROGRESS
 from node.observe.metrics import MetricsWriter, read_events
+from node.observe.report_to import metrics_writer
 from node.tasks.acceptance import Acceptance
 from node.tasks.registry import BUILTIN_TASKS, TaskItem, TaskMix, build_task
 from node.tasks.verify import TrainGroup, local_group
@@ -152,7 +153,9 @@ class Node:
             logger.warning("%s", short)
         self.acceptance = self._acceptance()
         self._digest_start = params_digest(model)
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+        self.metrics = metrics_writer(
+            self.run_dir / "metrics.jsonl", self.cfg.report_to, self._tag, self.parts.membership.swarm_id
+        )
         self.links = self._joining.links(model)
         logger.info("start-up: sharing with the swarm")
         self.exchange, self.sync = self.links.exchange, self.links.sync

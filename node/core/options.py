@@ -19,6 +19,7 @@ components' own defaults.
 
 from __future__ import annotations
 
+import importlib.util
 import operator
 import typing
 from dataclasses import MISSING, dataclass, field, fields
@@ -95,6 +96,9 @@ def first_range_error(obj: Any, flagged: list[Any]) -> str | None:
             return problem
     return None
 
+
+REPORT_TO = ("none", "tensorboard", "wandb")
+"""Where ``--report-to`` also logs per-round scalars (TRL's ``report_to``): each but none is an optional package."""
 
 DEFAULT_MODEL = "tiny-s"
 DEFAULT_IDENTITY = "~/.swarm-node/identity.key"
@@ -257,6 +261,11 @@ class NodeOptions:
     )
     max_threads: int = option(0, "cap torch CPU threads (0: torch default)", min=0)
     verbose: int = option(0, "more log detail (-vv for debug)", short="-v", count=True, inherit=True)
+    report_to: str = option(
+        "none", "also log per-round scalars (reward, held-out accuracy, groups used, sync commits; step: the round) "
+        "to tensorboard (files in <log-dir>/<peer-short-id>/tensorboard) or wandb; each needs its package",
+        inherit=True, choices=REPORT_TO,
+    )  # fmt: skip
     sync_every: int = option(0, "rounds between outer syncs (H); 0 turns sync off", group=SYNC, inherit=True, min=0)
     sync_period_s: float = option(
         0.0,
@@ -489,12 +498,25 @@ def range_error(f: Any, value: Any) -> str | None:
     return f"{flag_of(f)} must be {'0 or ' if meta.get('or_zero') else ''}{rule}, got {_number(value)}"
 
 
+def report_to_problem(report_to: str) -> str | None:
+    """Why ``--report-to`` cannot log here (its optional package is missing), naming the pip command; None if it can.
+
+    Looks the package up without importing it, so the refusal comes before anything heavy loads.
+    """
+    if report_to == "none" or importlib.util.find_spec(report_to) is not None:
+        return None
+    return (
+        f"--report-to {report_to} needs the {report_to} package, which is not installed; run "
+        f"pip install 'swarm-node[{report_to}]' (or pip install {report_to}), or drop --report-to"
+    )
+
+
 def check_options(opts: NodeOptions) -> None:
     """Every option's range, then the checks across options: the first problem as a ValueError naming the flag.
 
     Standard library only, so the command line refuses bad input before torch loads.
     """
-    problem = first_range_error(opts, option_fields(type(opts)))
+    problem = first_range_error(opts, option_fields(type(opts))) or report_to_problem(opts.report_to)
     if problem:
         raise ValueError(problem)
     if opts.max_source_share * opts.local_groups < 1:

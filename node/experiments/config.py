@@ -21,6 +21,7 @@ from node.core.options import (
     first_range_error,
     option,
     option_fields,
+    report_to_problem,
 )
 from node.core.pool import SAMPLING_POLICIES
 from node.experiments.results import parse_split
@@ -145,6 +146,9 @@ class ExperimentConfig:
         "goes on from its nodes' checkpoints).", group=SWEEP,
     )  # fmt: skip
     progress: bool = option(True, "Show a progress display.", group=SWEEP)
+    report_to: str = node_option(
+        "report_to", note="every node of every run logs its own (tensorboard --logdir on the results folder shows all)"
+    )
 
     def __post_init__(self) -> None:
         self.splits = tuple(self.splits)
@@ -159,7 +163,7 @@ class ExperimentConfig:
             raise ValueError(
                 f"sync_every={','.join(map(str, self.sync_every))}; use whole numbers of rounds, e.g. 0,10"
             ) from None
-        problem = first_range_error(self, option_fields(type(self)))
+        problem = first_range_error(self, option_fields(type(self))) or report_to_problem(self.report_to)
         if problem:
             raise ValueError(problem)
         checks = [

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.experiments.results import RunResult, paired_t_p, sign_flip_p, split_order
+from node.experiments.results import RunResult, mean_text, paired_t_p, sign_flip_p, split_order, spread_text
 
 
 def heldout_curve(run: RunResult) -> list[tuple[int, float]]:
@@ -126,7 +126,7 @@ def _reach_text(reach: Sequence[float | None]) -> str:
 def heldout_table(summaries: Sequence[HeldoutSummary], baseline: tuple[str, str], primary: str = "") -> str:
     """The held-out table in Markdown; the ``primary`` row (``label:split``, declared before the sweep) is marked."""
     head = (
-        "| configuration | split | seeds | held-out start | held-out final (mean ± std) | vs baseline per seed "
+        "| configuration | split | n (seeds) | held-out start | held-out final (mean ± std) | vs baseline per seed "
         "| mean ratio | t-test p | sign-flip p | rounds to baseline's final | reward / CPU-s |"
     )
     lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -136,8 +136,9 @@ def heldout_table(summaries: Sequence[HeldoutSummary], baseline: tuple[str, str]
             name += " (baseline)"
         per_seed = ", ".join(f"{x:.2f}" for x in s.ratios) or "-"
         cells = [
-            name, s.split, str(len(s.seeds)), f"{s.start:.3f}", f"{s.final:.3f} ± {s.final_std:.3f}", per_seed,
-            "-" if s.mean_ratio is None else f"{s.mean_ratio:.3f}", "-" if s.t_p is None else f"{s.t_p:.3f}",
+            name, s.split, str(len(s.seeds)), f"{s.start:.3f}", spread_text(s.final, s.final_std, len(s.seeds), 3),
+            per_seed, "-" if s.mean_ratio is None else mean_text(s.mean_ratio, len(s.ratios)),
+            "-" if s.t_p is None else f"{s.t_p:.3f}",
             "-" if s.sign_p is None else f"{s.sign_p:.3f}", _reach_text(s.reach),
             "-" if s.reward_per_cpu_s is None else f"{s.reward_per_cpu_s:.4f}",
         ]  # fmt: skip

@@ -27,7 +27,8 @@ from typing import Any
 from node.observe.metrics import read_events
 
 SAPO_REFERENCE: dict[str, float] = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
-"""SAPO's cumulative reward per local/external split (8 nodes, Qwen2.5-0.5B, 2000 rounds)."""
+"""The cumulative reward per local/external split that the SAPO paper reports (8 nodes, Qwen2.5-0.5B, 2000
+rounds): the paper's numbers, shown as a footnote beside the measured ones, never as a measurement."""
 
 
 @dataclass(frozen=True)
@@ -304,34 +305,85 @@ def markdown_table(
     reference: Mapping[str, float] = SAPO_REFERENCE,
     reference_splits: Sequence[str] = (),
 ) -> str:
-    """The results table: cumulative reward (mean ± std over seeds), ratio to 8/0, and SAPO's numbers.
+    """The results table: cumulative reward (mean ± std over n seeds), ratio to 8/0; then SAPO's reported numbers
+    as a footnote, apart from the measured ones.
 
     Splits in ``reference_splits`` (more local data, e.g. 16/0) are marked as not equal compute.
     """
-    ref_base = reference.get("8/0")
-    head = "| sampling | split I/J | seeds | cumulative reward (mean ± std) | vs no sharing | final reward "
-    head += "| external / node-round | trained (informative) / node-round | fetch failed | rejected | SAPO (ratio) |"
-    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = "| sampling | split I/J | n (seeds) | cumulative reward (mean ± std) | vs no sharing | final reward "
+    head += "| external / node-round | trained (informative) / node-round | fetch failed | rejected |"
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         ratio = "-" if s.ratio is None else f"{s.ratio:.2f}x ({(s.ratio - 1) * 100:+.0f}%)"
-        ref = reference.get(s.split)
-        sapo = "-" if ref is None or not ref_base else f"{ref:.2f} ({ref / ref_base:.2f}x)"
         split = f"{s.split} (not equal compute)" if s.split in reference_splits else s.split
         lines.append(
-            f"| {s.sampling} | {split} | {s.seeds} | {s.cumulative_mean:.2f} ± {s.cumulative_std:.2f} | {ratio} "
-            f"| {s.final_reward:.3f} | {s.external_per_round:.2f} | {s.trained_per_round:.2f} | {s.fetch_failed} "
-            f"| {s.rejected} | {sapo} |"
+            f"| {s.sampling} | {split} | {s.seeds} | {spread_text(s.cumulative_mean, s.cumulative_std, s.seeds)} "
+            f"| {ratio} | {s.final_reward:.3f} | {s.external_per_round:.2f} | {s.trained_per_round:.2f} "
+            f"| {s.fetch_failed} | {s.rejected} |"
         )
-    return "\n".join(lines)
+    note = sapo_footnote([s.split for s in summaries], reference)
+    return "\n".join(lines) + (f"\n\n{note}" if note else "")
+
+
+def sapo_footnote(splits: Sequence[str], reference: Mapping[str, float] = SAPO_REFERENCE) -> str:
+    """One line with the SAPO paper's reported cumulative reward for the ``splits`` it has ("" for none of them):
+    the paper's numbers, never measured here, so they stay out of the table's columns.
+
+    >>> sapo_footnote(["8/0", "4/4", "16/0"])[:60]
+    'SAPO paper reports (arXiv 2509.08721, table 1; not measured '
+    """
+    base = reference.get("8/0")
+    shown = [s for s in dict.fromkeys(splits) if s in reference]
+    if not shown or not base:
+        return ""
+    cells = ", ".join(f"{s} {reference[s]:.2f} ({reference[s] / base:.2f}x)" for s in shown)
+    return (
+        "SAPO paper reports (arXiv 2509.08721, table 1; not measured here: 8 nodes of Qwen2.5-0.5B, 2000 rounds) "
+        f"a cumulative reward of {cells}."
+    )
+
+
+NO_SPREAD = "(n=1, no spread)"
+"""What a cell shows instead of "± 0.000" when one seed measured it: one run has no spread to report."""
+
+ONE_SEED_WARNING = (
+    "One seed per configuration gives no noise estimate: a difference between rows may be run-to-run noise; "
+    "rerun with --seeds 3 or more to measure it."
+)
+
+
+def spread_text(mean: float, std: float, n: int, digits: int = 2) -> str:
+    """``mean ± std`` over ``n`` seeds, or the mean marked :data:`NO_SPREAD` when ``n`` is 1.
+
+    >>> spread_text(1.5, 0.25, 3), spread_text(1.5, 0.0, 1, 3)
+    ('1.50 ± 0.25', '1.500 (n=1, no spread)')
+    """
+    if n < 2:
+        return f"{mean:.{digits}f} {NO_SPREAD}"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def mean_text(mean: float, n: int, digits: int = 3) -> str:
+    """A mean over ``n`` seeds, marked :data:`NO_SPREAD` when ``n`` is 1 (one value is no average).
+
+    >>> mean_text(1.25, 2), mean_text(1.25, 1)
+    ('1.250', '1.250 (n=1, no spread)')
+    """
+    return f"{mean:.{digits}f}" + (f" {NO_SPREAD}" if n < 2 else "")
+
+
+def one_seed_warning(seed_counts: Sequence[int]) -> str | None:
+    """:data:`ONE_SEED_WARNING` when any row of a table stands on one seed; None when every row has two or more."""
+    return ONE_SEED_WARNING if any(n < 2 for n in seed_counts) else None
 
 
 def per_model_table(summaries: Sequence[SplitSummary]) -> str:
     """Cumulative reward per model (averaged over its nodes and seeds) for each (sampling, split)."""
     models = sorted({m for s in summaries for m in s.per_model})
-    lines = ["| sampling | split | " + " | ".join(models) + " |", "|---|---|" + "---|" * len(models)]
+    lines = ["| sampling | split | n (seeds) | " + " | ".join(models) + " |", "|---|---|---|" + "---|" * len(models)]
     for s in summaries:
         cells = [f"{s.per_model[m]:.2f}" if m in s.per_model else "-" for m in models]
-        lines.append(f"| {s.sampling} | {s.split} | " + " | ".join(cells) + " |")
+        lines.append(f"| {s.sampling} | {s.split} | {s.seeds} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -400,7 +452,7 @@ def paired_tests(runs: Sequence[RunResult], baseline_split: str, order: Sequence
 def paired_table(tests: Sequence[PairedTest]) -> str:
     """Per-seed ratios, their mean and both p-values, one row per (policy, split)."""
     lines = [
-        "| sampling | split | seeds | ratio per seed | mean ratio | paired t-test p (two-sided) "
+        "| sampling | split | n (seeds) | ratio per seed | mean ratio | paired t-test p (two-sided) "
         "| sign-flip p (one-sided) |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -408,7 +460,8 @@ def paired_table(tests: Sequence[PairedTest]) -> str:
         per_seed = ", ".join(f"{x:.2f}" for x in t.ratios)
         tp = "-" if t.t_p is None else f"{t.t_p:.3f}"
         lines.append(
-            f"| {t.sampling} | {t.split} | {len(t.seeds)} | {per_seed} | {t.mean_ratio:.3f} | {tp} | {t.sign_p:.3f} |"
+            f"| {t.sampling} | {t.split} | {len(t.seeds)} | {per_seed} | {mean_text(t.mean_ratio, len(t.seeds))} "
+            f"| {tp} | {t.sign_p:.3f} |"
         )
     return "\n".join(lines)
 
@@ -455,11 +508,12 @@ def diagnostic_curves(rounds: Sequence[Mapping[str, Any]]) -> dict[str, list[flo
 
 def diagnostics_table(summaries: Sequence[SplitSummary]) -> str:
     """The diagnostics of every (policy, split) that has them."""
-    lines = ["| sampling | split | " + " | ".join(DIAGNOSTICS.values()) + " |", "|---|---|" + "---|" * len(DIAGNOSTICS)]
+    head = "| sampling | split | n (seeds) | " + " | ".join(DIAGNOSTICS.values()) + " |"
+    lines = [head, "|---|---|---|" + "---|" * len(DIAGNOSTICS)]
     for s in summaries:
         if s.diagnostics:
             cells = [f"{s.diagnostics[k]:.3f}" if k in s.diagnostics else "-" for k in DIAGNOSTICS]
-            lines.append(f"| {s.sampling} | {s.split} | " + " | ".join(cells) + " |")
+            lines.append(f"| {s.sampling} | {s.split} | {s.seeds} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

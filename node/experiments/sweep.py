@@ -28,13 +28,27 @@ from pathlib import Path
 
 from node.core.options import LocalOptions, check_options, to_argv
 from node.experiments.config import ExperimentConfig
-from node.experiments.learning import heldout_table, plot_heldout, summarize_heldout
+from node.experiments.csvfiles import (
+    HELDOUT_COLUMNS,
+    LONG_COLUMNS,
+    PAIRED_COLUMNS,
+    SUMMARY_COLUMNS,
+    csv_text,
+    heldout_rows,
+    long_rows,
+    paired_rows,
+    summary_rows,
+)
+from node.experiments.learning import HeldoutSummary, heldout_table, plot_heldout, summarize_heldout
 from node.experiments.parts import LOAD, RunLoad, load_line, read_load, resumable
 from node.experiments.results import (
+    PairedTest,
     RunResult,
+    SplitSummary,
     diagnostics_table,
     load_run,
     markdown_table,
+    one_seed_warning,
     paired_table,
     paired_tests,
     parse_split,
@@ -296,8 +310,29 @@ def run_sweep(cfg: ExperimentConfig) -> SweepReport:
     return report
 
 
-def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path, load: str = "") -> None:
-    """results.json, results.md and the PNG plots, from the finished runs."""
+def write_csv_files(
+    cfg: ExperimentConfig,
+    out: Path,
+    results: list[RunResult],
+    shown: list[SplitSummary],
+    learned: list[HeldoutSummary],
+    tests: list[PairedTest],
+    baseline: tuple[str, str],
+) -> None:
+    """The CSV files beside results.json: every measurement in long format, and the rows of each table."""
+    write_atomic(out / "results.csv", csv_text(LONG_COLUMNS, long_rows(results)))
+    write_atomic(out / "summary.csv", csv_text(SUMMARY_COLUMNS, summary_rows(shown, cfg.reference_splits)))
+    if learned:
+        write_atomic(out / "heldout.csv", csv_text(HELDOUT_COLUMNS, heldout_rows(learned, baseline, cfg.primary)))
+    if tests:
+        write_atomic(out / "paired.csv", csv_text(PAIRED_COLUMNS, paired_rows(tests)))
+
+
+def write_outputs(
+    cfg: ExperimentConfig, results: list[RunResult], out: Path, load: str = "", plots: bool = True
+) -> None:
+    """results.json with its CSV files, results.md and (``plots``: matplotlib's seconds) the PNG plots, from the
+    finished runs."""
     from node.experiments.plots import plot_cumulative, plot_reward_curves, plot_sources
     from node.experiments.results import SAPO_REFERENCE
 
@@ -315,19 +350,23 @@ def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path, lo
     learned = [h for h in summarize_heldout(shared, baseline, order) if shown_row(h.label, h.split)]
     data = {
         "config": cfg.to_json(),
-        "reference": SAPO_REFERENCE,
+        "sapo_paper_reported": SAPO_REFERENCE,  # the paper's numbers, not measured here
         "summary": [asdict(s) for s in summaries],
         "paired": [asdict(t) for t in tests],
         "heldout": [asdict(h) for h in learned],
         "runs": [r.to_json() for r in results],
     }
     write_atomic(out / "results.json", json.dumps(data))
-    title = f"{cfg.nodes} nodes, {cfg.rounds} rounds, {cfg.num_generations} completions/question, tasks: "
-    title += ",".join(cfg.tasks) or "all"
     # a no-sharing split is the same runs under every policy: its rows once, under the first policy
     shown = [s for s in summaries if shown_row(s.sampling, s.split)]
+    write_csv_files(cfg, out, results, shown, learned, tests, baseline)
+    title = f"{cfg.nodes} nodes, {cfg.rounds} rounds, {cfg.num_generations} completions/question, tasks: "
+    title += ",".join(cfg.tasks) or "all"
     table = markdown_table(shown, reference_splits=cfg.reference_splits)
     text = f"# Experiment results\n\n{title}\n\n{load}"
+    if warning := one_seed_warning([s.seeds for s in shown] + [len(h.seeds) for h in learned]):
+        logger.warning("%s", warning)
+        text += f"**{warning}**\n\n"
     if learned:
         questions = max((n.eval_items for r in results for n in r.nodes), default=0)
         text += f"Held-out accuracy ({questions} questions per evaluation), paired by seed against "
@@ -342,6 +381,8 @@ def write_outputs(cfg: ExperimentConfig, results: list[RunResult], out: Path, lo
         text += "\nWhat training used (means over node-rounds that trained on both sources):\n\n"
         text += diagnostics_table(shown) + "\n"
     write_atomic(out / "results.md", text)
+    if not plots:
+        return
     plot_reward_curves(summaries, out / "reward_curves.png", title=title)
     plot_cumulative(summaries, out / "cumulative.png", title=title)
     if learned:

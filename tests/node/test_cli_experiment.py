@@ -27,10 +27,10 @@ SPELLINGS_BEFORE_ONE_GENERATOR = [
 ADDED_SINCE = [
     "--sync-period", "--sync-window", "--lr-schedule", "--lr-decay-rounds", "--lr-floor",
     "--adapter", "--lora-rank", "--gradient-checkpointing", "--micro-batch", "--device", "--eval-timeout",
-    "--checkpoint-every",
+    "--checkpoint-every", "--report-to",
 ]  # fmt: skip
-"""Flags added after that (a sync on a clock, a learning-rate schedule, a real LM's sweep, runs in parts), each
-the node's own spelling."""
+"""Flags added after that (a sync on a clock, a learning-rate schedule, a real LM's sweep, runs in parts, scalars
+to TensorBoard or W&B), each the node's own spelling."""
 
 
 def _fields(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

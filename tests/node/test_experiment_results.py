@@ -13,6 +13,7 @@ from node.cli.main import build_parser
 from node.experiments.config import ExperimentConfig
 from node.experiments.parts import RunLoad, load_line, resumable
 from node.experiments.results import (
+    ONE_SEED_WARNING,
     NodeResult,
     RunResult,
     diagnostics_table,
@@ -20,6 +21,7 @@ from node.experiments.results import (
     markdown_table,
     mean_curves,
     node_diagnostics,
+    one_seed_warning,
     paired_table,
     paired_tests,
     parse_split,
@@ -97,12 +99,35 @@ def test_share_baseline_copies_no_sharing_runs_to_every_policy() -> None:
     assert s[3].ratio == pytest.approx(3.0)
 
 
-def test_tables_mention_every_split_and_sapo_reference() -> None:
+def test_tables_mention_every_split_and_name_n() -> None:
+    s = summarize([run("8/0", 0, [1.0]), run("8/0", 100, [2.0]), run("4/4", 0, [1.5]), run("4/4", 100, [2.5])])
+    table = markdown_table(s)
+    assert "| n (seeds) |" in table.splitlines()[0]
+    assert "| uniform | 4/4 | 2 | 2.00 ± 0.71 | 1.33x (+33%)" in table
+    assert "| uniform | 4/4 | 2 | 2.00 |" in per_model_table(s) and "| n (seeds) |" in per_model_table(s)
+    assert one_seed_warning([x.seeds for x in s]) is None
+
+
+def test_one_seed_shows_no_spread_and_warns_that_it_gives_no_noise_estimate() -> None:
+    """One seed has no spread: a cell says n=1 instead of "± 0.00", and the warning names the fix."""
     s = summarize([run("8/0", 0, [1.0]), run("4/4", 0, [1.5])])
     table = markdown_table(s)
-    assert "| uniform | 4/4 | 1 | 1.50 ± 0.00 | 1.50x (+50%)" in table
-    assert "1093.31 (1.95x)" in table
-    assert "tiny-s" in per_model_table(s)
+    assert "| uniform | 4/4 | 1 | 1.50 (n=1, no spread) | 1.50x (+50%)" in table
+    assert "±" not in "".join(table.splitlines()[2:])
+    assert one_seed_warning([x.seeds for x in s]) == ONE_SEED_WARNING and "--seeds 3" in ONE_SEED_WARNING
+    (t,) = paired_tests([run("8/0", 0, [1.0]), run("4/4", 0, [1.5])], "8/0")
+    assert "| uniform | 4/4 | 1 | 1.50 | 1.500 (n=1, no spread) | - |" in paired_table([t])
+
+
+def test_the_sapo_papers_numbers_are_a_labelled_footnote_not_a_column() -> None:
+    """The paper's reported cumulative rewards stand apart from the measured table, named as the paper's."""
+    s = summarize([run("8/0", 0, [1.0]), run("4/4", 0, [1.5])])
+    table = markdown_table(s)
+    rows, _, note = table.partition("\n\n")
+    assert "SAPO" not in rows and "1093.31" not in rows
+    assert note.startswith("SAPO paper reports") and "not measured here" in note
+    assert "8/0 561.79 (1.00x), 4/4 1093.31 (1.95x)" in note
+    assert "SAPO" not in markdown_table(summarize([run("16/0", 0, [1.0])]))  # no split the paper ran: no note
 
 
 def test_run_json_round_trip() -> None:
@@ -306,7 +331,7 @@ def test_node_diagnostics_average_rounds_that_used_both_sources() -> None:
     assert d["weight_external"] == pytest.approx(0.2) and d["adv_share_external"] == pytest.approx(0.75)
     assert d["grad_share_external"] == pytest.approx(0.75) and d["grad_cos"] == 0.5
     summary = summarize([RunResult("uniform", "4/4", 0, (NodeResult("p", "m", (0.1,), diagnostics=d),))])
-    assert "| uniform | 4/4 | -2.000 | -7.000 | 0.200 | 0.750 | 0.750 | 0.500 |" in diagnostics_table(summary)
+    assert "| uniform | 4/4 | 1 | -2.000 | -7.000 | 0.200 | 0.750 | 0.750 | 0.500 |" in diagnostics_table(summary)
 
 
 def test_run_load_and_its_line(tmp_path: Path) -> None:
