@@ -56,6 +56,7 @@ def per_model(opts: NodeOptions) -> dict[str, Any]:
         "max_new_tokens": opts.max_new_tokens or rec.max_new_tokens,
         "learning_rate": rec.lr(opts.adapter) if opts.learning_rate is None else opts.learning_rate,
         "micro_batch_size": opts.micro_batch_size or rec.micro_batch_size,
+        "eval_every": rec.eval_every if opts.eval_every is None else opts.eval_every,
         # a schedule decays over the run unless told otherwise (a constant rate has no length)
         "lr_decay_rounds": opts.lr_decay_rounds or (opts.rounds if opts.lr_scheduler_type != "constant" else 0),
     }

@@ -27,6 +27,7 @@ from node.core.options import (
 )
 from node.dashboard.server import DashboardConfig
 from node.tasks.reasoning_gym import RG_TASK_NAMES
+from node.training.evaluate import EvalConfig
 from node.training.grpo import GRPOConfig
 from node.training.models import TINY_DEFAULTS, recommended_defaults
 from node.training.policy import GenerationConfig
@@ -56,7 +57,10 @@ def test_default_options_give_the_components_own_defaults() -> None:
     """The options' literal defaults (kept import-light for a fast CLI) equal each component's default."""
     cfg, parts = node_configs(NodeOptions(), "0.0.0.0", 0)
     assert cfg == NodeConfig()
-    assert parts == NodeParts()  # membership, exchange, generation, GRPO, no sync, checkpoints
+    # membership, exchange, generation, GRPO, no sync, checkpoints; a tiny model evaluates where a component
+    # built without options (a test's node) does not
+    assert parts == NodeParts(evaluation=EvalConfig(eval_every=TINY_DEFAULTS.eval_every))
+    assert TINY_DEFAULTS.eval_every > 0 == EvalConfig().eval_every
     assert TINY_DEFAULTS.max_new_tokens == GenerationConfig().max_new_tokens
     assert TINY_DEFAULTS.learning_rate == GRPOConfig().learning_rate
     assert TINY_DEFAULTS.micro_batch_size == GRPOConfig().micro_batch_size
@@ -118,6 +122,12 @@ def test_per_model_defaults_apply_only_to_flags_not_given() -> None:
     assert node_configs(NodeOptions(model="smollm2-135m", tasks=("rg:gcd",)), "", 0)[0].tasks == ("rg:gcd",)
     assert node_configs(NodeOptions(model="/some/hf-folder"), "", 0)[0].tasks == RG_TASK_NAMES
     assert node_configs(NodeOptions(model="tiny-s"), "", 0)[0].tasks == ()  # the node's built-ins
+    # held-out evaluation: on for a tiny model (it costs a few rounds), off for a real LM; --eval-every wins
+    assert node_configs(NodeOptions(), "", 0)[1].evaluation.eval_every == TINY_DEFAULTS.eval_every > 0
+    assert node_configs(NodeOptions(model="smollm2-135m"), "", 0)[1].evaluation.eval_every == 0
+    assert node_configs(NodeOptions(model="/some/hf-folder"), "", 0)[1].evaluation.eval_every == 0
+    assert node_configs(NodeOptions(eval_every=0), "", 0)[1].evaluation.eval_every == 0
+    assert node_configs(NodeOptions(model="smollm2-135m", eval_every=5), "", 0)[1].evaluation.eval_every == 5
 
 
 def test_local_hands_children_every_inherited_option() -> None:
@@ -225,6 +235,7 @@ def _expected(defaults: type[NodeOptions], model: str, **given: Any) -> dict[str
     out["tasks"] = out["tasks"] or rec.tasks
     out["max_new_tokens"] = out["max_new_tokens"] or rec.max_new_tokens
     out["micro_batch_size"] = out["micro_batch_size"] or rec.micro_batch_size
+    out["eval_every"] = rec.eval_every if out["eval_every"] is None else out["eval_every"]
     out["learning_rate"] = rec.lr(out["adapter"]) if out["learning_rate"] is None else out["learning_rate"]
     return out
 
