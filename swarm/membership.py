@@ -90,6 +90,12 @@ class MembershipConfig:
     )
     address_book_every_s: float = field(default=30.0, metadata={"help": "Longest wait between address book updates."})
     bootstrap_attempts: int = field(default=4, metadata={"help": "Tries to reach an initial peer before giving up."})
+    # A joiner hears its first peer's batches within a few rounds (seconds); a minute also covers a real
+    # model's first round on a CPU, so a node merely slow to start is not called alone.
+    alone_after_s: float = field(
+        default=60.0,
+        metadata={"help": "Seconds without a batch from a peer of this swarm before the node says it trains alone."},
+    )
     bootstrap_backoff_s: float = field(default=1.0, metadata={"help": "First wait between tries; doubles each time."})
     startup_timeout_s: float = field(default=30.0, metadata={"help": "Bound on starting the DHT process."})
     shutdown_timeout_s: float = field(default=5.0, metadata={"help": "Bound on a clean shutdown."})
@@ -185,6 +191,8 @@ class MembershipConfig:
             raise ValueError(f"port {self.port} is out of range; use 0-65535 (0 picks a free port)")
         if not self.swarm_id or "/" in self.swarm_id or ":" in self.swarm_id:
             raise ValueError(f"swarm id {self.swarm_id!r} must be non-empty without '/' or ':'")
+        if not self.alone_after_s > 0:
+            raise ValueError(f"alone_after_s={self.alone_after_s}; use seconds above 0, e.g. 60")
         if self.bootstrap_attempts < 1:
             raise ValueError(f"bootstrap_attempts={self.bootstrap_attempts}; use at least 1")
         self._check_dht_bounds()
@@ -377,7 +385,13 @@ class Membership:
         return self.loop.run(coro, timeout)
 
     def shutdown(self) -> None:
-        """Stop the loop, the P2P replica and the DHT process, each bounded in time."""
+        """Stop the loop, the P2P replica and the DHT process, each bounded in time.
+
+        A Ctrl-C reaches the whole process group, so p2pd may have stopped first: the DHT process then
+        cannot leave gracefully (its shutdown would talk to the gone daemon until hivemind's grace runs
+        out and it is terminated anyway), so it is stopped directly.
+        """
+        daemon_up = self._daemon_answers()
         if self.loop is not None and self._p2p is not None:
             try:
                 self.loop.run(self._p2p.shutdown(), self.cfg.shutdown_timeout_s)
@@ -385,7 +399,11 @@ class Membership:
                 logger.debug("p2p replica shutdown: %s", e)
         if self.loop is not None:
             self.loop.stop(self.cfg.shutdown_timeout_s)
-        if self.dht is not None:
+        if self.dht is not None and not daemon_up:
+            logger.debug("p2pd has stopped already: terminating the DHT process")
+            self.dht.terminate()
+            self.dht.join(min(1.0, self.cfg.shutdown_timeout_s))
+        if self.dht is not None and self.dht.is_alive() and daemon_up:
             try:
                 # hivemind's shutdown waits its own grace, then sends SIGTERM; a DHT process still alive a
                 # second later is stuck (its p2pd died first, as on Ctrl-C to the process group): kill it
@@ -393,9 +411,36 @@ class Membership:
                 self.dht.join(min(1.0, self.cfg.shutdown_timeout_s))
             except Exception as e:
                 logger.debug("dht shutdown: %s", e)
-            if self.dht.is_alive():
-                self.dht.kill()
+        if self.dht is not None and self.dht.is_alive():
+            self.dht.kill()
         self.dht, self.loop, self._p2p = None, None, None
+
+    def _daemon_answers(self) -> bool:
+        """Whether p2pd may still be running: False only when it refuses this process's replica outright.
+
+        A stopped p2pd's socket is gone, which fails at once; a slow answer counts as running (terminating
+        the DHT process under a live p2pd would leave that daemon behind).
+        """
+        if self.loop is None or self._p2p is None:
+            return True
+        try:
+            self.loop.run(self._p2p.list_peers(), min(1.0, self.cfg.shutdown_timeout_s))
+        except TimeoutError:
+            return True
+        except Exception as e:  # refused: nothing listens on the daemon's socket any more
+            logger.debug("p2pd does not answer: %s", e)
+            return False
+        return True
+
+    def connected_peers(self, timeout_s: float = 2.0) -> int | None:
+        """How many peers p2pd holds connections to now (of any swarm id), or None if it does not say."""
+        if self.loop is None or self._p2p is None:
+            return None
+        try:
+            return len(self.loop.run(self._p2p.list_peers(), timeout_s))
+        except Exception as e:  # a question for a warning's wording: never worth failing a round
+            logger.debug("connected peers not known: %s", e)
+            return None
 
     def __enter__(self) -> Membership:
         return self.start() if self.dht is None else self

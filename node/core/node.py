@@ -31,8 +31,10 @@ from node.core.network import CollectJob, NetworkWorker
 from node.core.pool import ExternalPool
 from node.core.record import Collected, RoundRecord, banned_count, mean, most_refused
 from node.observe import resources
-from node.observe.logs import CONTEXT, PROGRESS
+from node.observe.alerts import Alert, PeerWatch
+from node.observe.logs import CONTEXT, PROGRESS, ROUNDS
 from node.observe.metrics import MetricsWriter, read_events
+from node.observe.progress import ProgressWindow
 from node.observe.report_to import metrics_writer
 from node.tasks.acceptance import Acceptance
 from node.tasks.registry import BUILTIN_TASKS, TaskItem, TaskMix, build_task
@@ -47,10 +49,11 @@ from node.training.tokenizer import max_token_chars
 from node.training.warmstart import warm_start
 from protocol import RolloutBatch, RolloutGroup, short_id
 from swarm.identity import IdentityLock, load_or_create
-from swarm.sync import SyncReport
+from swarm.sync import SyncOutcome, SyncReport
 
 logger = logging.getLogger(__name__)
 progress = logging.getLogger(PROGRESS)
+per_round = logging.getLogger(ROUNDS)
 
 NETWORK_CLOSE_S = 5.0
 """How long leaving waits for a publish or collect under way (it is bounded anyway; SIGTERM must exit in 30 s)."""
@@ -104,6 +107,9 @@ class Node:
         self._eval_owed = False  # resumed at a round whose due evaluation was cut short (or never written)
         self._digest_start = ""  # weights' digest at start (set once the model is loaded)
         self._identity_lock: IdentityLock | None = None
+        self._progress = ProgressWindow()
+        self.watch: PeerWatch | None = None  # whether peers are heard and syncs meet one (from the first round)
+        self._sync_outcome = ""  # how the sync that ended this round ended, for the progress summary
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -286,10 +292,22 @@ class Node:
         if self.round == 0 or self._eval_owed:
             self._eval_owed = False
             self._maybe_evaluate()
+        self.start_watch()
+        last = None
         while not self.stop_event.is_set() and (self.cfg.rounds == 0 or self.round < self.cfg.rounds):
             record = self.run_round()
-            if record is not None and on_round is not None:
-                on_round(record)
+            if record is not None:
+                last = record
+                if on_round is not None:
+                    on_round(record)
+        if (line := self._progress.flush(last, self.clock.monotonic())) is not None:
+            progress.info("%s", line)  # the last rounds' numbers, and the final held-out score
+
+    def start_watch(self) -> None:
+        """Start timing whether peers are heard: from the first round (waiting to be released is not training)."""
+        net = self.parts.membership
+        now = self.clock.monotonic()
+        self.watch = PeerWatch(net.swarm_id, self.policy.model_id, now, len(net.initial_peers), net.alone_after_s)
 
     # ---- one round -------------------------------------------------------------------------
 
@@ -339,6 +357,7 @@ class Node:
         evaluated = self._maybe_evaluate()
         record = self._record(local, external, collected, n_dropped, stats, t0, phases, evaluated)
         self._log_progress(record, sync)
+        self._watch_peers(record.round_s)
         every = self.parts.checkpoint.checkpoint_every
         # a checkpoint right after the outer state moved: a crash that restored an older revision would
         # make this node extend that one again, forking the group's history
@@ -357,7 +376,8 @@ class Node:
         assert self.metrics is not None
         self.metrics.write("eval", time=self.clock(), peer=self.peer_id, round=self.round, **result.to_event())
         sampled = "-" if result.sample_reward is None else f"{result.sample_reward:.3f}"
-        progress.info(
+        self._progress.evaluated(result.accuracy, self.round, result.complete)
+        per_round.info(
             "held-out accuracy %.3f (sampled reward %s) on %d questions%s | %.2fs",
             result.accuracy, sampled, result.items, "" if result.complete else " (time bound: partial)",
             result.eval_s,
@@ -448,14 +468,32 @@ class Node:
         return self.credit.rank([self.credit.score(g.source_peer, g.source_model) for g in groups], self.sampler_rng)
 
     def _log_progress(self, r: RoundRecord, sync: str) -> None:
-        """The one line per round shown by default."""
+        """The progress summary every few seconds (by default), and the line per round (``-v``)."""
+        line = self._progress.add(r, self.clock.monotonic(), self._sync_outcome)
+        if line is not None:
+            progress.info("%s", line)
         ext = r.external_reward_mean
-        progress.info(
+        per_round.info(
             "reward %.3f (external %s) | groups %d local + %d external, %d rejected, %d no signal | "
             "pool %d | peers %d%s | %.2fs",
             r.reward_mean, "-" if ext is None else f"{ext:.3f}", r.local_groups, r.external_groups,
             r.external_rejected, r.dropped_zero_adv, r.pool, r.peers_seen, sync, r.round_s,
         )  # fmt: skip
+
+    def _watch_peers(self, round_s: float) -> None:
+        """Say once when this node stops hearing peers of its swarm, and once when it hears them again."""
+        if self.watch is None:
+            return
+        now = self.clock.monotonic()
+        connected = None
+        membership = self.links.membership if self.links is not None else None
+        if membership is not None and self.watch.due_alone(now, round_s):  # only then is the count worth a call
+            connected = membership.connected_peers()
+        self._alert(self.watch.check(now, round_s, connected))
+
+    def _alert(self, alert: Alert | None) -> None:
+        if alert is not None:
+            progress.log(alert.level, "%s", alert.text)
 
     def _maybe_sync(self) -> str:
         """DiLoCo outer sync on its schedule (see :class:`swarm.sync.runner.SyncRunner`); skipped when leaving.
@@ -465,6 +503,7 @@ class Node:
         for the progress line ("" if no sync ended).
         """
         self._outer_moved = False
+        self._sync_outcome = ""
         if self.sync is None or self.stop_event.is_set():
             return ""
         self.in_sync = True
@@ -475,6 +514,10 @@ class Node:
         if report is None:
             return ""
         self._write_sync(report)
+        self._sync_outcome = report.outcome.value
+        if self.watch is not None:
+            partner = report.outcome is not SyncOutcome.NO_PARTNER
+            self._alert(self.watch.synced(partner, self.clock.monotonic()))
         state = report.outcome.value if report.cause is None else f"{report.outcome.value}: {report.cause.value}"
         logger.info(
             "outer sync %s: revision %d, group of %d (%.2fs)", state, report.revision, report.group_size, report.sync_s
@@ -536,6 +579,10 @@ class Node:
         result = self.network.take(wait_s)
         if result is None:
             return Collected()
+        if self.watch is not None:  # a batch fetched from its publisher: that peer is alive and in this swarm
+            now = self.clock.monotonic()
+            for desc, batch in result.accepted:
+                self.watch.hear(desc.publisher, batch.groups[0].model_id if batch.groups else "", now)
         collected = ingest(result, self.pool, self.peers_seen, self.acceptance, self.parts.ingest, self.clock.monotonic)
         collected.collect_s = result.elapsed_s
         collected.descriptors_seen = result.seen

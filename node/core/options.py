@@ -371,6 +371,10 @@ class NodeOptions:
     )
     bootstrap_attempts: int = option(4, "tries to reach --peer (backoff 1 s, doubling)", group=NETWORK, min=1)
     swarm_id: str = option("swarm-node", "swarm name; keys are namespaced by it", group=NETWORK, inherit=True)
+    alone_after_s: float = option(
+        60.0, "seconds without a batch from a peer of this swarm before the node warns that it trains alone",
+        group=NETWORK, flag="--alone-after", inherit=True, above=0,
+    )  # fmt: skip
     ready_file: str | None = option(None, "write peer id and addresses here once up (for local)", hidden=True)
     hold: bool = option(False, "after the last round keep serving rollouts until stopped", hidden=True)
     go_file: str | None = option(None, "wait for this file before the first round", hidden=True)

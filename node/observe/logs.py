@@ -1,16 +1,29 @@
 """Log lines prefixed with the node's short peer id and round: ``12:00:01 I [a1b2c3 r=12] ...``.
 
-By default a node prints one concise progress line per round (logger
-``node.progress``) plus warnings; ``-v`` shows every component's details,
-``-vv`` debug output including hivemind's.
+By default a node prints a concise progress line every few seconds (logger
+``node.progress``, see :mod:`node.observe.progress`) plus warnings; ``-v``
+adds a line per round and every component's details, ``-vv`` debug output
+including hivemind's. Lines that say nothing a user can act on are filtered
+where they arise (:func:`quiet_libraries`), not by raising every level.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 
 PROGRESS = "node.progress"
+ROUNDS = "node.rounds"
+"""The per-round line: shown from ``-v`` on (the default shows the progress summary instead)."""
+P2PD_LOGGER = "hivemind.p2p.p2p_daemon"
+P2PD_LEAVING = "use of closed network connection"
+"""What p2pd logs at ERROR when its own listener closes, which happens only when p2pd itself is stopping
+(a Ctrl-C reaches it with the whole process group, or its DHT process terminates it): part of every exit."""
+TRANSFORMERS_CACHE_RENAME = "`past_key_values`"
+"""transformers 5 renamed the generation cache argument to ``cache``; the policy passes ``past_key_values``,
+which every supported version (from 4.45) accepts, so the rename's deprecation notices are not a user's
+concern. Only these two notices are filtered (a FutureWarning at the first forward and one log line)."""
 
 
 @dataclass
@@ -39,8 +52,35 @@ class ContextFilter(logging.Filter):
         return True
 
 
+class DropMessage(logging.Filter):
+    """Drops the records whose message contains ``text`` (one known line, not a whole logger)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a record carrying ``text``."""
+        return self.text not in record.getMessage()
+
+
+def quiet_libraries(verbose: int) -> None:
+    """Filter the libraries' lines a node prints at every start or exit without anything to act on.
+
+    Installed before the DHT process is forked, so that process (where p2pd's lines are logged) has them
+    too. At ``-vv`` everything is shown.
+    """
+    if verbose >= 2:
+        return
+    warnings.filterwarnings("ignore", message=f"{TRANSFORMERS_CACHE_RENAME} is deprecated", category=FutureWarning)
+    for name, text in ((P2PD_LOGGER, P2PD_LEAVING), ("transformers.utils.generic", TRANSFORMERS_CACHE_RENAME)):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, DropMessage) and f.text == text for f in logger.filters):
+            logger.addFilter(DropMessage(text))
+
+
 def configure_logging(verbose: int) -> None:
-    """Level by ``-v`` count: 0 progress + warnings, 1 details (INFO), 2+ debug (hivemind too)."""
+    """Level by ``-v`` count: 0 progress + warnings, 1 details and a line per round (INFO), 2+ debug (hivemind too)."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname).1s %(ctx)s%(message)s", datefmt="%H:%M:%S"))
     handler.addFilter(ContextFilter())
@@ -50,4 +90,6 @@ def configure_logging(verbose: int) -> None:
     root.addHandler(handler)
     root.setLevel(logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG)
     logging.getLogger(PROGRESS).setLevel(logging.INFO if verbose >= 0 else logging.WARNING)
+    logging.getLogger(ROUNDS).setLevel(logging.INFO if verbose >= 1 else logging.WARNING)
     logging.getLogger("hivemind").setLevel(logging.DEBUG if verbose >= 2 else logging.WARNING)
+    quiet_libraries(verbose)
