@@ -365,8 +365,7 @@ def write_outputs(
     table = markdown_table(shown, reference_splits=cfg.reference_splits)
     text = f"# Experiment results\n\n{title}\n\n{load}"
     if warning := one_seed_warning([s.seeds for s in shown] + [len(h.seeds) for h in learned]):
-        logger.warning("%s", warning)
-        text += f"**{warning}**\n\n"
+        text += f"**{warning}**\n\n"  # once, above the tables (the command prints results.md)
     if learned:
         questions = max((n.eval_items for r in results for n in r.nodes), default=0)
         text += f"Held-out accuracy ({questions} questions per evaluation), paired by seed against "
