@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from node.dashboard.trend import Trend
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # name, type, help; :func:`_samples` gives each one's values
 METRICS: list[tuple[str, str, str]] = [
     ("swarm_node_up", "gauge", "1 while the node is running, else 0."),
+    ("swarm_node_info", "gauge", "1, labelled with the swarm-node version serving the dashboard."),
+    ("swarm_node_uptime_seconds", "gauge", "Seconds since the node's process started, while it runs."),
+    ("swarm_node_learning", "gauge", "1 learning, 0 flat, -1 getting worse, beyond noise (absent: too early)."),
     ("swarm_node_round", "gauge", "Last completed round."),
     ("swarm_node_reward", "gauge", "Mean reward of the last round, by source (local or external)."),
     ("swarm_node_peers_seen", "gauge", "Distinct peers whose rollouts this node has seen."),
@@ -46,12 +51,18 @@ def _mb_to_bytes(mb: float | None) -> float | None:
     return None if mb is None else round(mb * 1024 * 1024)
 
 
-def _samples(name: str, n: dict[str, Any]) -> list[tuple[dict[str, str], float | None]]:
+TREND_VALUE = {Trend.LEARNING: 1.0, Trend.FLAT: 0.0, Trend.WORSE: -1.0}
+
+
+def _samples(name: str, n: dict[str, Any], version: str) -> list[tuple[dict[str, str], float | None]]:
     """The (extra labels, value) pairs of metric ``name`` for one node."""
     heldout: dict[str, Any] = n.get("heldout") or {}  # no evaluation yet: no held-out samples at all
     families: dict[str, float] = heldout.get("per_family") or {}
     table: dict[str, list[tuple[dict[str, str], float | None]]] = {
         "swarm_node_up": [({}, float(n["status"] == "running"))],
+        "swarm_node_info": [({"version": version}, 1.0)],
+        "swarm_node_uptime_seconds": [({}, n.get("uptime_s"))],
+        "swarm_node_learning": [({"source": n["trend"]["source"]}, TREND_VALUE.get(Trend(n["trend"]["trend"])))],
         "swarm_node_round": [({}, n["round"])],
         "swarm_node_reward": [({"source": "local"}, n["reward"]), ({"source": "external"}, n["external_reward"])],
         "swarm_node_peers_seen": [({}, n["peers_seen"])],
@@ -95,7 +106,7 @@ def render(snapshot: dict[str, Any]) -> str:
     for name, kind, help_text in METRICS:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         for node in snapshot["nodes"]:
-            for extra, value in _samples(name, node):
+            for extra, value in _samples(name, node, str(snapshot.get("version", "unknown"))):
                 if value is None:
                     continue
                 labels = {"peer": node["peer"], "model": node["model"], **extra}

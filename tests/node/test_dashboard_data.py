@@ -328,6 +328,11 @@ def test_node_entry_gives_join_command_uptime_and_trend(tmp_path: Path) -> None:
     assert b["trend"]["trend"] == "too early to tell"
     assert snap["totals"]["verdict"] == "1 of 2 nodes learning, 1 too early to tell"
     assert snap["version"] == importlib.metadata.version("swarm-node")
+    lines = prometheus.render(snap).splitlines()
+    assert 'swarm_node_uptime_seconds{peer="aaaaaa",model="tiny-s"} 100' in lines
+    assert 'swarm_node_learning{peer="aaaaaa",model="tiny-s",source="reward"} 1' in lines
+    assert not [line for line in lines if line.startswith('swarm_node_learning{peer="bbbbbb"')]  # too early
+    assert f'swarm_node_info{{peer="bbbbbb",model="tiny-s",version="{snap["version"]}"}} 1' in lines
 
 
 def test_uptime_and_join_end_when_the_node_leaves(tmp_path: Path) -> None:
