@@ -1,13 +1,17 @@
 """The dashboard page: one self-contained HTML document (inline CSS, JS and SVG; no CDN).
 
-It polls ``api/summary`` every two seconds and redraws in place: summary
-cards, reward curves (local solid, external dashed; moving average over 10
-rounds), a per-node table and groups not used, by reason. Held-out accuracy
-(the one figure comparable across nodes and runs) shows as a card, as node
-table columns "start -> now" with a per-family tooltip, and as a panel with
-its curve and a per-family table; the panel stays hidden until some node has
-evaluated. Elements carry ``id`` or ``data-k`` attributes so tests can read
-the figures from the DOM.
+It polls ``api/summary`` every two seconds and redraws in place: a line with
+the swarm's learning verdict, the command that joins it and its uptime;
+summary cards, reward curves (local solid, external dashed; moving average
+over 10 rounds), a per-node table (a sparkline and verdict per node; compact
+columns that fit a 1280 px window, the table marked ``data-fits`` when they
+do) and groups not used, by reason, with what "no signal" means. Held-out
+accuracy (the one figure comparable across nodes and runs) shows as a card,
+as a node table column "start -> now" with a per-family tooltip, and as a
+panel with its curve and a per-family table; the panel stays hidden until
+some node has evaluated, and the card names the flag that turns it on.
+Elements carry ``id`` or ``data-k`` attributes so tests can read the figures
+from the DOM.
 """
 
 from __future__ import annotations
@@ -235,7 +239,8 @@ function render(d){
   $("t-sync").textContent=t.sync_committed+" / "+t.sync_aborted;$("t-revision").textContent=t.revision;
   $("t-bytes").textContent=human(t.bytes_in)+" / "+human(t.bytes_out);
   $("version").textContent="swarm-node "+d.version;$("verdict").textContent=t.verdict;
-  $("join").textContent=t.join||"no node here accepts connections (client mode): join through a node that listens";
+  $("join").textContent=t.join||(d.nodes.length?
+    "no node here accepts connections (client mode): join through a node that listens":"-");
   const up=d.nodes.map(n=>n.uptime_s).filter(u=>u!==null);
   $("uptime").textContent=up.length?duration(Math.max(...up)):"-";
   drawHeldoutCard(t);drawChart(d.nodes);drawNodes(d.nodes);drawPeers(d.nodes);drawReasons(d.nodes);drawHeldout(d.nodes);
