@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from node.cli.demo import DemoOptions, NodePair, demo_config, demo_csv, demo_table, pair_nodes, verdict
+from node.cli.demo import DemoOptions, NodePair, Points, demo_config, demo_csv, demo_table, pair_nodes, verdict
 from node.cli.main import build_parser
 
-ALONE = {"reward": ((0, 0.1), (10, 0.2)), "accuracy": ((0, 0.4), (10, 0.5))}
-SWARM = {"reward": ((0, 0.1), (10, 0.3)), "accuracy": ((0, 0.4), (10, 0.6))}
+ALONE: dict[str, Points] = {"reward": ((0, 0.1), (10, 0.2)), "accuracy": ((0, 0.4), (10, 0.5))}
+SWARM: dict[str, Points] = {"reward": ((0, 0.1), (10, 0.3)), "accuracy": ((0, 0.4), (10, 0.6))}
 
 
 def test_a_pair_divides_the_swarms_final_by_alones() -> None:
@@ -24,7 +24,7 @@ def test_a_pair_divides_the_swarms_final_by_alones() -> None:
 
 
 def test_the_table_has_a_row_per_node_and_the_mean_of_each_arm() -> None:
-    flat = {"reward": ((0, 0.1), (10, 0.1)), "accuracy": ((0, 0.4), (10, 0.3))}
+    flat: dict[str, Points] = {"reward": ((0, 0.1), (10, 0.1)), "accuracy": ((0, 0.4), (10, 0.3))}
     table = demo_table([NodePair(0, ALONE, SWARM), NodePair(1, flat, flat)]).splitlines()
     assert table[0] == ("| node | sampled reward, alone | swarm | ratio | greedy accuracy, alone | swarm | ratio |")
     assert table[2] == "| 0 | 0.200 | 0.300 | 1.50x | 0.500 | 0.600 | 1.20x |"
@@ -50,7 +50,7 @@ def test_the_csv_lists_both_arms_curves_in_long_format() -> None:
 
 
 def test_nodes_pair_by_index_across_the_arms() -> None:
-    def node(curves: dict[str, tuple[tuple[int, float], ...]]) -> SimpleNamespace:
+    def node(curves: dict[str, Points]) -> SimpleNamespace:
         return SimpleNamespace(heldout_reward=curves["reward"], heldout=curves["accuracy"])
 
     pairs = pair_nodes({0: node(ALONE), 1: node(ALONE)}, {1: node(SWARM), 0: node(ALONE)})
