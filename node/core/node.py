@@ -307,7 +307,9 @@ class Node:
         """Start timing whether peers are heard: from the first round (waiting to be released is not training)."""
         net = self.parts.membership
         now = self.clock.monotonic()
-        self.watch = PeerWatch(net.swarm_id, self.policy.model_id, now, len(net.initial_peers), net.alone_after_s)
+        hears = not self.cfg.isolated and self.cfg.collect_limit > 0
+        peers = len(net.initial_peers)
+        self.watch = PeerWatch(net.swarm_id, self.policy.model_id, now, peers, net.alone_after_s, hears)
 
     # ---- one round -------------------------------------------------------------------------
 

@@ -110,6 +110,9 @@ class PeerWatch:
     started: float
     joined_through: int = 0
     alone_after_s: float = ALONE_AFTER_S
+    hears: bool = True
+    """False for a node that collects nothing (``--external 0``): it hears no one by choice, so it is never
+    called alone, and it cannot tell why a sync finds no partner."""
     heard: OrderedDict[str, tuple[float, str]] = field(default_factory=OrderedDict)
     quiet: Latch = field(default_factory=Latch)
     partnerless: Latch = field(default_factory=Latch)
@@ -141,6 +144,8 @@ class PeerWatch:
         ``connected`` is how many peers p2p is connected to, if known (see :meth:`due_alone`).
         """
         self.round_s = round_s
+        if not self.hears:
+            return None
         window = self.window_s()
         recent = self.recent(now)
         edge = self.quiet.update(not recent and now - self.started >= window, now)
@@ -193,9 +198,12 @@ class PeerWatch:
             return None
         models = self.recent(now)
         why = no_partner_why(self.model_id, models.values())
-        return Alert(
-            logging.WARNING, f"outer sync found no partner {NO_PARTNER_SYNCS} times in a row: {_fix(why, models)}"
+        fix = (
+            _fix(why, models)
+            if self.hears
+            else "this node collects no peer's batches (--external 0), so it cannot tell why"
         )
+        return Alert(logging.WARNING, f"outer sync found no partner {NO_PARTNER_SYNCS} times in a row: {fix}")
 
 
 def _fix(why: NoPartnerWhy, models: dict[str, str]) -> str:

@@ -120,3 +120,10 @@ def test_no_partner_clears_once_a_sync_meets_one_and_a_single_miss_says_nothing(
     (cleared,) = _syncs(watch, [True, True], t0=10.0)
     assert "found a partner again" in cleared.text
     assert _syncs(watch, [False, True, False, True], t0=20.0) == []
+
+
+def test_a_node_that_collects_nothing_is_never_called_alone_and_says_it_cannot_tell_why() -> None:
+    watch = PeerWatch("mine", "tiny-s", started=0.0, joined_through=1, hears=False)
+    assert _run(watch, 0.0, 10 * ALONE_AFTER_S, connected=3) == []
+    (line,) = _syncs(watch, [False] * NO_PARTNER_SYNCS)
+    assert "--external 0" in line.text and "cannot tell why" in line.text
