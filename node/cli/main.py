@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     from node.cli.evaluate import add_eval_parser
 
     add_eval_parser(sub)
+    from node.cli.export import add_export_parser
+
+    add_export_parser(sub)
     from node.cli.demo import add_demo_parser
 
     add_demo_parser(sub)
@@ -101,6 +104,7 @@ COMMANDS = {
     "id": "node.cli.tools:run_id",
     "experiment": "node.cli.experiment:run_experiment_cli",
     "eval": "node.cli.evaluate:run_eval",
+    "export": "node.cli.export:run_export",
     "demo": "node.cli.demo:run_demo",
 }
 
