@@ -221,7 +221,7 @@ function drawHeldout(nodes){
   for(const k of ["peer","round","all",...fams]){const th=document.createElement("th");th.textContent=k;
     head.appendChild(th);}
   t.tHead.textContent="";t.tHead.appendChild(head);t.tBodies[0].textContent="";
-  for(const n of shown){const h=n.heldout,tr=document.createElement("tr");tr.dataset.peer=n.peer;
+  for(const n of shown){const h=n.heldout,tr=document.createElement("tr");tr.dataset.heldoutPeer=n.peer;
     [cell("peer",n.peer),cell("round",h.round),cell("accuracy",fmt(h.accuracy,3)),
      ...fams.map(f=>cell("family-"+f,fmt(h.per_family[f],3)))].forEach(td=>tr.appendChild(td));
     t.tBodies[0].appendChild(tr);}

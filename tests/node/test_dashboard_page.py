@@ -86,6 +86,8 @@ def test_page_fits_1280_px_and_shows_trend_join_uptime_version(dashboard: str) -
     assert _text(dom, "join").startswith("swarm-node join --peer /ip4/127.0.0.1/tcp/4100")
     assert _text(dom, "uptime") == "7m"
     assert _text(dom, "version") == f"swarm-node {version()}"
+    assert len(re.findall(r'<tr data-peer="', dom)) == 4, "one nodes-table row per node"
+    assert len(re.findall(r'<tr data-heldout-peer="', dom)) == 4, "and one per node in the held-out panel"
     assert len(re.findall(r'<svg class="spark"[^>]*><path d="M[\d. ML]+"', dom)) == 4, "a sparkline per node"
     assert len(re.findall(r'data-k="trend" title="learning: held-out ', dom)) == 4
     client = re.search(r'<td data-k="peer" title="([^"]*)">abc333<', dom)
