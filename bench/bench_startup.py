@@ -15,6 +15,12 @@ Each node gets a fresh identity and log folder, so no address book or remembered
 Prints one line per run, the medians, and the load average before each run.
 
     .venv/bin/python bench/bench_startup.py --mode start --mode join --repeat 3 --model tiny-m
+
+With ``--refusals`` it times instead how long each kind of bad start-up input takes to be refused (exec to
+exit, status 2), beside a bare interpreter start: every one is checked before torch and hivemind load
+(node.cli.preflight), so each should take well under a second.
+
+    .venv/bin/python bench/bench_startup.py --refusals --repeat 3
 """
 
 from __future__ import annotations
@@ -132,13 +138,68 @@ def start_founder(model: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, next(a for a in addrs if "/127.0.0.1/" in a)
 
 
+def refusal_cases(tmp: Path, busy: int) -> dict[str, list[str]]:
+    """name -> ``swarm-node`` arguments of one bad input each (the files they name are made here)."""
+    (tmp / "afile").touch()
+    (tmp / "folder").mkdir()
+    (tmp / "bad.key").write_bytes(b"not a key")
+    (tmp / "bad.key").chmod(0o600)
+    peer = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWJkHwJExtiW3QMDLqmbp3W"
+    key = ["--identity", str(tmp / "id.key")]
+    return {
+        "log dir is a file": ["start", *key, "--log-dir", str(tmp / "afile")],
+        "identity is a directory": ["start", "--identity", str(tmp / "folder")],
+        "corrupt key file": ["start", "--identity", str(tmp / "bad.key")],
+        "host-port out of range": ["start", *key, "--host-port", "99999"],
+        "host-port in use": ["start", *key, "--host-port", f"127.0.0.1:{busy}"],
+        "dashboard port in use": ["start", *key, "--dashboard-port", str(busy)],
+        "truncated peer id": ["join", *key, "--peer", peer],
+        "model folder without config.json": ["start", *key, "--model", str(tmp / "folder")],
+        "client mode with announce": ["start", *key, "--client-mode", "--announce", "/ip4/1.2.3.4/tcp/5"],
+        "abbreviated flag": ["start", *key, "--round", "1"],
+    }
+
+
+def time_refusal(argv: list[str]) -> float:
+    """Seconds from exec to exit of one refused command; raises if it is not refused or leaves a process."""
+    t0 = time.time()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, start_new_session=True)
+    took = time.time() - t0
+    if proc.returncode != 2 or not proc.stderr.startswith("swarm-node: error: "):
+        raise RuntimeError(f"{argv[3:]} was not refused (status {proc.returncode}): {proc.stderr[-2000:]}")
+    return took
+
+
+def bench_refusals(repeat: int) -> None:
+    """Median seconds of each refusal, beside ``python -c pass`` (the interpreter's own start)."""
+    with tempfile.TemporaryDirectory(prefix="bench-refusals-") as d, socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        cases = refusal_cases(Path(d), busy.getsockname()[1])
+        bare = statistics.median(_bare_start() for _ in range(repeat))
+        print(f"{'python -c pass':34s} {bare:.2f}s  (load {' '.join(Path('/proc/loadavg').read_text().split()[:3])})")
+        for name, args in cases.items():
+            took = statistics.median(time_refusal([sys.executable, "-m", "node", *args]) for _ in range(repeat))
+            print(f"{name:34s} {took:.2f}s", flush=True)
+
+
+def _bare_start() -> float:
+    t0 = time.time()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    return time.time() - t0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", action="append", choices=("start", "join"), help="repeatable (default: both)")
     parser.add_argument("--model", default="tiny-m")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--refusals", action="store_true", help="time the refusal of each kind of bad input")
     args = parser.parse_args()
+    if args.refusals:
+        bench_refusals(args.repeat)
+        return
     results: dict[str, list[dict[str, float]]] = {}
     for mode in args.mode or ["start", "join"]:
         with tempfile.TemporaryDirectory(prefix="bench-founder-") as d:

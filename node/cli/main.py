@@ -16,6 +16,8 @@ from typing import Any, NoReturn
 
 from node.cli.errors import EXIT_USAGE, CliError
 from node.cli.flags import add_option_flags
+from node.cli.preflight import parse_host_port as parse_host_port  # re-exported: node.cli.tools, serve
+from node.cli.preflight import preflight, start_warnings
 from node.cli.signals import install_stop_handlers
 from node.core.options import (
     JoinOptions,
@@ -49,15 +51,46 @@ def _add_tools(sub: Any) -> None:
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-sentence errors: a mistyped value names the flag and where help is, without the
-    25 lines of usage that would bury it (``--help`` still prints them)."""
+    25 lines of usage that would bury it (``--help`` still prints them).
+
+    No flag may be abbreviated (``--round`` for ``--rounds``): a prefix that is unique today can mean
+    another flag once one is added, and a config file's keys are whole names too. Every subcommand's
+    parser is of this class (argparse builds them with their parent's), so the rule holds for all.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise CliError(f"{message}; see {self.prog} --help")
 
 
+def package_version() -> str:
+    """The installed package's version (from its metadata: no import of the package's heavy parts)."""
+    import importlib.metadata  # a twentieth of a second: only for --version
+
+    try:
+        return importlib.metadata.version("swarm-node")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+class VersionAction(argparse.Action):
+    """``--version``: print the package version and exit, reading the metadata only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
+        print(f"swarm-node {package_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``swarm-node`` parser; a new command is one ``sub.add_parser`` plus an entry in :data:`COMMANDS`."""
     parser = Parser(prog="swarm-node", description="Decentralized RL post-training: share rollouts, train together.")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     start = sub.add_parser("start", help="start a new swarm as its first node")
     _add_common(start, NodeOptions)
@@ -72,27 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     from node.cli.evaluate import add_eval_parser
 
     add_eval_parser(sub)
-    from node.cli.export import add_export_parser
-
-    add_export_parser(sub)
     from node.cli.demo import add_demo_parser
 
     add_demo_parser(sub)
     return parser
-
-
-def parse_host_port(text: str | None, default_host: str) -> tuple[str, int]:
-    """``PORT`` or ``HOST:PORT`` -> (host, port), with a one-sentence error."""
-    if text is None:
-        return default_host, 0
-    host, _, port = text.rpartition(":")
-    try:
-        value = int(port)
-    except ValueError:
-        raise CliError(f"--host-port {text!r} is not PORT or HOST:PORT, e.g. --host-port 31337") from None
-    if not 0 <= value <= 65535:
-        raise CliError(f"--host-port {text!r}: the port must be 0-65535")
-    return host or default_host, value
 
 
 # command -> "module:function" taking the parsed args and returning the exit status (imported lazily)
@@ -104,7 +120,6 @@ COMMANDS = {
     "id": "node.cli.tools:run_id",
     "experiment": "node.cli.experiment:run_experiment_cli",
     "eval": "node.cli.evaluate:run_eval",
-    "export": "node.cli.export:run_export",
     "demo": "node.cli.demo:run_demo",
 }
 
@@ -136,6 +151,10 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     problem = _model_or_peer_problem(args)
     if problem:
         raise CliError(problem)
+    if args.command in NODE_COMMANDS:
+        preflight(args)  # before the command's module imports torch and hivemind
+        for warning in start_warnings(args):
+            print(f"swarm-node: warning: {warning}", file=sys.stderr, flush=True)
     return args
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from node.cli.errors import CliError
-from node.cli.main import parse_host_port
+from node.cli.preflight import parse_host_port
 from node.cli.signals import exit_now, stop_signals
 from node.core.assemble import node_configs
 from node.core.checkpoint import CheckpointError
@@ -139,6 +139,12 @@ def _start_dashboard(node: Node, args: argparse.Namespace) -> Dashboard | None:
     return dash
 
 
+def os_error_sentence(e: OSError) -> str:
+    """A start-up OSError as one sentence naming the path and the flags that set it."""
+    where = f" {e.filename}" if e.filename else ""
+    return f"cannot use{where} ({e.strerror or e}); check --log-dir and --identity"
+
+
 def run_node(args: argparse.Namespace) -> int:
     """Start (or join), run the configured rounds, then leave cleanly."""
     signals = stop_signals(args, starting=True)
@@ -157,6 +163,12 @@ def run_node(args: argparse.Namespace) -> int:
     except (SwarmError, IdentityError, ValueError, LookupError, CheckpointError, CliError) as e:
         node.shutdown()
         raise CliError(str(e)) from None
+    except OSError as e:  # a file or folder the start-up checks could not foresee (it changed meanwhile)
+        node.shutdown()
+        raise CliError(os_error_sentence(e)) from None
+    except BaseException:  # anything else still stops the DHT child and p2pd, or they would keep us alive
+        node.shutdown()
+        raise
     try:
         signals.started()  # before "is up": whoever sees that line may signal, and gets a clean leave
         _announce(node, args, dash.url if dash else "")

@@ -19,10 +19,12 @@ from typing import Any
 
 import torch
 
+from node.core.checkpoint_round import CHECKPOINT_FILE, write_round
+
 logger = logging.getLogger(__name__)
 
 MAGIC = b"SWNCKPT1"
-CURRENT = "checkpoint.pt"
+CURRENT = CHECKPOINT_FILE
 PREVIOUS = "checkpoint.prev.pt"
 TEMPORARY = "checkpoint.pt.tmp"
 
@@ -90,6 +92,8 @@ def save(directory: Path, state: dict[str, Any]) -> Path:
     if current.exists():
         os.replace(current, directory / PREVIOUS)
     os.replace(tmp, current)
+    if isinstance(state.get("round"), int):  # the command line reads it without torch (checkpoint_round)
+        write_round(directory, state["round"])
     _fsync_dir(directory)
     return current
 

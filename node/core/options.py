@@ -536,8 +536,18 @@ def check_options(opts: NodeOptions) -> None:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} {value} has no effect without --adapter lora; add --adapter lora or drop it")
     _check_schedule(opts)
+    _check_conflicts(opts)
     if isinstance(opts, LocalOptions) and opts.isolated > opts.nodes:
         raise ValueError(f"--isolated {opts.isolated}: use 0 to {opts.nodes} (the number of nodes)")
+
+
+def _check_conflicts(opts: NodeOptions) -> None:
+    """An option that undoes what another promises."""
+    if opts.client_mode and opts.announce:
+        raise ValueError(
+            f"--client-mode accepts no connections, so --announce {opts.announce[0]} would tell peers an address "
+            "that refuses them; drop --announce, or --client-mode if that address is reachable"
+        )
 
 
 def _check_schedule(opts: NodeOptions) -> None:

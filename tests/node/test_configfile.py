@@ -46,10 +46,12 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
 
 def test_local_keys_are_allowed_and_join_peer_can_come_from_the_file(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
-    path.write_text('nodes = 3\npeer = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWabc"\n')
+    # a whole peer id: a cut one is refused
+    peer = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWJkHwJExtiW3QMDLqmbp3WezDiwHooVFNhWrLwLi3jY5u"
+    path.write_text(f'nodes = 3\npeer = "{peer}"\n')
     assert parse(["start", "--config", str(path)]).command == "start"  # type: ignore[attr-defined]
     assert parse(["local", "--config", str(path)]).nodes == 3  # type: ignore[attr-defined]
-    assert parse(["join", "--config", str(path)]).peer == ["/ip4/127.0.0.1/tcp/1/p2p/12D3KooWabc"]  # type: ignore[attr-defined]
+    assert parse(["join", "--config", str(path)]).peer == [peer]  # type: ignore[attr-defined]
     with pytest.raises(CliError, match="join needs at least one --peer"):
         parse(["join"])
 
