@@ -7,7 +7,7 @@ lines to ``--report``: ``ready`` (with its multiaddrs), every sync report,
 (``--fault PHASE:REVISION:ACTION``, PHASE one of matchmade, send, sent,
 reduced, allreduced, voted): ``stop`` makes the process SIGSTOP itself at that
 phase (the test then SIGKILLs or SIGSTOPs/SIGCONTs its whole process group),
-``drop`` makes it silently not send its all-reduce parts that round, ``leave`` asks its sync to leave
+``leave`` asks its sync to leave
 (``OuterSync.cancel``, what a node does when a signal asks it to leave).
 
 ``--eager`` drives the sync through :class:`swarm.sync.runner.SyncRunner`
@@ -63,7 +63,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--go-file", default="")
     p.add_argument("--stop-file", default="")
     p.add_argument("--linger", type=float, default=30.0, help="keep serving state this long after training")
-    p.add_argument("--fault", action="append", default=[], help="PHASE:REVISION:ACTION (stop|drop)")
+    p.add_argument("--fault", action="append", default=[], help="PHASE:REVISION:ACTION (stop|leave)")
     p.add_argument("--aggregator", default="mean")
     p.add_argument("--outer-lr", type=float, default=0.7, help="outer_lr")
     p.add_argument("--outer-momentum", type=float, default=0.9, help="outer_momentum (0: the state keeps none)")
@@ -87,22 +87,25 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _hook(faults: list[str], out: Reporter, leave: list[Any]) -> Any:
-    pending = {tuple(f.split(":")[:2]): f.split(":")[2] for f in faults}
+def _observer(faults: list[str], out: Reporter, leave: list[Any]) -> Any:
+    """What the sync tells at each round point (swarm.sync.points): the process acts out its faults there."""
+    from swarm.sync.points import RoundPoint
 
-    def hook(phase: str, revision: int) -> str | None:
-        action = pending.get((phase, str(revision)))
+    pending = {(RoundPoint(f.split(":")[0]), int(f.split(":")[1])): f.split(":")[2] for f in faults}
+
+    def observe(point: RoundPoint, revision: int) -> None:
+        phase = point.value
+        action = pending.get((point, revision))
         if action == "leave":  # the leave request arrives mid-round (as the node's signal watcher sends it)
-            del pending[(phase, str(revision))]
+            del pending[(point, revision)]
             out.write(event="phase", phase=phase, revision=revision, pid=os.getpid(), time=time.time())
             leave[0].cancel()
         if action == "stop":
-            del pending[(phase, str(revision))]
+            del pending[(point, revision)]
             out.write(event="phase", phase=phase, revision=revision, pid=os.getpid(), time=time.time())
             os.kill(os.getpid(), signal.SIGSTOP)
-        return action if action == "drop" else None
 
-    return hook
+    return observe
 
 
 def _sync_config(args: argparse.Namespace, cls: Any) -> Any:
@@ -474,7 +477,7 @@ def main(argv: list[str]) -> int:
     mcfg = MembershipConfig(swarm_id=args.swarm, host=args.host, port=args.port, initial_peers=tuple(args.initial_peer))
     membership = _start_membership(Membership, load_or_create(args.identity), mcfg)
     leave: list[Any] = []
-    sync = OuterSync(membership, model, cfg, hook=_hook(args.fault, out, leave))
+    sync = OuterSync(membership, model, cfg, observe=_observer(args.fault, out, leave))
     leave.append(sync)
     if args.poison == "liar":
         _be_hostile()

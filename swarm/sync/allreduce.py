@@ -46,8 +46,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from hivemind.p2p import P2P, PeerID
-from hivemind.utils.multiaddr import Multiaddr
 
 from swarm.sync import direct
 from swarm.sync.channel import (
@@ -65,19 +63,16 @@ from swarm.sync.direct import host_of
 from swarm.sync.errors import BadBytes, GroupMismatch, PeerLost
 from swarm.sync.notices import EarlyNotices, cause_of, notice, tell, worth_telling
 from swarm.sync.pieces import Part, SliceReduction
+from swarm.sync.points import Observer, RoundPoint
 from swarm.sync.records import valid_origin
 from swarm.sync.robust import Suspicion, as_array, norm
 from swarm.sync.serving import ServeBudget, ServeRefusal, SharedStates
 from swarm.sync.tensors import decode_into, encoded_size, from_bytes, slice_bounds
 from swarm.sync.tensors import state_hash as compute_state_hash
+from swarm.sync.transport import Opened, Streams
 from swarm.sync.wire import check_ok, check_weight, read_header, read_payload, send_error, write_frame, write_head
 
 logger = logging.getLogger(__name__)
-
-Hook = Callable[[str, int], "str | None"]
-"""Test seam: called as ``hook(phase, revision)``; may return "drop" at phase "send" (send nothing, wait for
-the deadline) or "lose" there (the stream to each owner closes, as a reset stream does, once this member
-has served its own slice: its partners then wait for its parts)."""
 
 MAX_WAITING_PER_PEER = 4
 """Parts from one sender that may wait at once for this member to register their group."""
@@ -172,31 +167,31 @@ class SyncService:
 
     def __init__(
         self,
-        p2p: P2P,
+        streams: Streams,
         name: str,
         me: str,
         chunk_timeout: float,
         snapshot: Callable[[], Snapshot],
         clock: Callable[[], float] = time.time,
-        hook: Hook | None = None,
+        observe: Observer | None = None,
         register_timeout: float = 10.0,
         direct_host: str | None = None,
         direct_send: bool | None = None,
         max_state_serves: int = MAX_STATE_SERVES,
         state_deadline: float = STATE_DEADLINE_S,
     ) -> None:
-        self._p2p, self._name, self._me = p2p, name, me
+        self._streams, self._name, self._me = streams, name, me
         # payloads on direct TCP connections (swarm.sync.direct): taken on a listener on ``direct_host``
         # (None: on P2P streams), sent to owners that offer one when ``direct_send`` (default: if listening)
         self._listener = direct.Listener(direct_host) if direct_host is not None else None
         self._direct_send = direct_host is not None if direct_send is None else direct_send
         self._indirect: dict[str, float] = {}
-        """Owners this member could not reach directly, until when (monotonic) it sends them on the stream."""
+        """Owners this member could not reach directly, until when (service clock) it sends them on the stream."""
         self._chunk_timeout = chunk_timeout
         # how long a part may wait for this member to reach the same group decision (its DHT
         # reads may finish later than the sender's); the sender's round deadline bounds it too
         self._register_timeout = register_timeout
-        self._snapshot, self._clock, self._hook = snapshot, clock, hook
+        self._snapshot, self._clock, self._observe = snapshot, clock, observe
         self._rounds: dict[str, _Round] = {}
         self._finished: deque[str] = deque(maxlen=64)
         # (revision, joiners read) while this member matchmakes or reduces; None otherwise
@@ -226,7 +221,7 @@ class SyncService:
     async def start(self) -> None:
         if self._listener is not None:
             await self._listener.start()
-        await self._p2p.add_binary_stream_handler(self._name, self._handle)
+        await self._streams.serve(self._name, self._handle)
 
     async def stop(self) -> None:
         for rnd in list(self._rounds.values()):
@@ -234,7 +229,7 @@ class SyncService:
         for t in list(self._notices):
             t.cancel()
         try:
-            await self._p2p.remove_binary_stream_handler(self._name)
+            await self._streams.unserve(self._name)
         except Exception as e:
             logger.debug("[%s] removing stream handler: %s", self._me[-6:], e)
         if self._listener is not None:
@@ -248,25 +243,26 @@ class SyncService:
         """Out of matchmaking and all-reduce: refuse every unregistered group id at once."""
         self._expected = None
 
-    def _call_hook(self, phase: str, revision: int) -> str | None:
-        return self._hook(phase, revision) if self._hook is not None else None
+    def _passed(self, point: RoundPoint, revision: int) -> None:
+        if self._observe is not None:
+            self._observe(point, revision)
 
     def _remaining(self, plan: RoundPlan) -> float:
         return max(0.01, plan.deadline - self._clock())
 
     # ---- serving side -------------------------------------------------------------------------
 
-    async def _handle(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             header = await read_header(reader, self._chunk_timeout)
             if header.get("op") == "part":
-                await self._serve_part(info.peer_id.to_base58(), header, reader, writer)
+                await self._serve_part(sender, header, reader, writer)
             elif header.get("op") == "ping":
                 await write_frame(writer, {"ok": True}, b"", self._chunk_timeout)
             elif header.get("op") == "state":
-                await self._serve_state(info.peer_id.to_base58(), writer)
+                await self._serve_state(sender, writer)
             elif header.get("op") == "abort":
-                self._member_gave_up(info.peer_id.to_base58(), header)
+                self._member_gave_up(sender, header)
                 await write_frame(writer, {"ok": True}, b"", self._chunk_timeout)
             else:
                 await send_error(writer, "unknown op", self._chunk_timeout)
@@ -293,8 +289,8 @@ class SyncService:
             raise GroupMismatch("too many parts waiting")
         self._waiting[sender] = waiting + 1
         try:
-            end = time.monotonic() + self._register_timeout
-            while time.monotonic() < end and self._may_wait(sender, revision):
+            end = self._clock() + self._register_timeout
+            while self._clock() < end and self._may_wait(sender, revision):
                 await asyncio.sleep(0.01)
                 if gid in self._rounds:
                     return self._rounds[gid]
@@ -542,7 +538,7 @@ class SyncService:
         loop = asyncio.get_running_loop()
         parts, own_norms = await loop.run_in_executor(None, self._encode_parts, plan, flat, weight)
         red = rnd.red
-        background.append(asyncio.ensure_future(red.run(lambda: self._call_hook("reduced", plan.revision))))
+        background.append(asyncio.ensure_future(red.run(lambda: self._passed(RoundPoint.REDUCED, plan.revision))))
         background.append(asyncio.ensure_future(self._feed_own(rnd, parts[rnd.index], weight)))
         tasks: list[asyncio.Future[bytes]] = []
         for j, (a, b) in enumerate(bounds):
@@ -599,22 +595,13 @@ class SyncService:
     async def _exchange(self, plan: RoundPlan, j: int, weight: int, part: Part, dest: np.ndarray) -> bytes:
         """Send this member's part of slice ``j`` to its owner while the reduced slice it returns streams into
         ``dest``; return the sha256 of that slice's bytes."""
-        injected = self._call_hook("send", plan.revision)
-        if injected == "drop":
-            await asyncio.sleep(self._remaining(plan))
-            raise SyncAborted("all-reduce timeout (part dropped)", AbortCause.ALLREDUCE_TIMEOUT)
-        if injected == "lose":
-            served = self._rounds[plan.group_id].all_replied.wait()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(served, self._remaining(plan))
-            raise PeerLost("stream closed before a frame header (injected)")
+        self._passed(RoundPoint.SEND, plan.revision)
         peer = plan.members[j]
         timeout = min(self._chunk_timeout, self._remaining(plan))
-        info, reader, writer = await asyncio.wait_for(
-            self._p2p.call_binary_stream_handler(PeerID.from_base58(peer), self._name), timeout
-        )
-        host = host_of(getattr(info, "addr", None)) if self._direct_send else None
-        if self._indirect.get(peer, 0.0) > time.monotonic():
+        opened = await asyncio.wait_for(self._streams.open(peer, self._name), timeout)
+        reader, writer = opened.reader, opened.writer
+        host = host_of(opened.addr) if self._direct_send else None
+        if self._indirect.get(peer, 0.0) > self._clock():
             host = None
         sock: socket.socket | None = None
         try:
@@ -639,7 +626,7 @@ class SyncService:
     async def _send_part(self, plan: RoundPlan, channel: Channel, part: Part) -> None:
         for data in part.pieces():
             await channel.send(data)
-        self._call_hook("sent", plan.revision)
+        self._passed(RoundPoint.SENT, plan.revision)
 
     async def _receive_reduced(
         self,
@@ -700,16 +687,16 @@ class SyncService:
             # slots all taken by a flood): no ACK, so the owner is still waiting for either path
             why = type(e).__name__
             logger.info("[%s rev=%d] %s not reachable directly (%s): sending on the stream", me, rev, peer[-6:], why)
-            self._indirect[peer] = time.monotonic() + INDIRECT_FOR_S
+            self._indirect[peer] = self._clock() + INDIRECT_FOR_S
         await write_head(writer, {"op": "inline"}, part.size, self._chunk_timeout)
         return None
 
     async def ping(self, peer: str, timeout: float) -> bool:
         """Whether ``peer`` answers a ping on this service's stream within ``timeout`` s (never raises)."""
-        end = time.monotonic() + timeout
+        end = self._clock() + timeout
         for _ in range(PING_TRIES):
             try:
-                return await asyncio.wait_for(self.ask(peer, {"op": "ping"}), max(0.01, end - time.monotonic()))
+                return await asyncio.wait_for(self.ask(peer, {"op": "ping"}), max(0.01, end - self._clock()))
             except (PeerLost, ConnectionError) as e:
                 # the stream closed under us before any answer, as a live peer's daemon sometimes does to a
                 # fresh stream under full CPU load; left out, that member would abort the round: ask once
@@ -717,31 +704,26 @@ class SyncService:
                 logger.debug("[%s] ping %s: stream closed (%s), asking again", self._me[-6:], peer[-6:], e)
             except Exception as e:  # unreachable, refused, timed out: all mean "did not answer"
                 logger.debug("[%s] ping %s failed: %s", self._me[-6:], peer[-6:], type(e).__name__)
-                if not await self._reconnect(peer, end - time.monotonic()):
+                if not await self._reconnect(peer, end - self._clock()):
                     return False
-            if time.monotonic() >= end:
+            if self._clock() >= end:
                 break
         return False
 
-    async def _dial(self, peer: str) -> tuple[Any, asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _dial(self, peer: str) -> Opened:
         """A stream to ``peer``'s handler of this service."""
-        got: tuple[Any, asyncio.StreamReader, asyncio.StreamWriter]
-        got = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer), self._name)
-        return got
+        return await self._streams.open(peer, self._name)
 
     async def _reconnect(self, peer: str, timeout: float) -> bool:
         """Connect to ``peer`` through the addresses its own record published (see swarm.sync.dialhints).
 
-        False (nothing to try) if it published none or was tried within RECONNECT_S. hivemind's P2P has no
-        public connect, so this asks its daemon client directly.
+        False (nothing to try) if it published none or was tried within RECONNECT_S.
         """
         addrs = self.hints.take(peer)
         if not addrs or timeout <= 0:
             return False
         try:
-            maddrs = [Multiaddr(a) for a in addrs]
-            client: Any = self._p2p._client
-            await asyncio.wait_for(client.connect(PeerID.from_base58(peer), maddrs), timeout)
+            await asyncio.wait_for(self._streams.connect(peer, addrs), timeout)
         except Exception as e:  # a malformed or wrong address, a refused handshake, a timeout: no route
             logger.debug("[%s] connect to %s through its addresses failed: %s", self._me[-6:], peer[-6:], e)
             return False
@@ -754,7 +736,8 @@ class SyncService:
         if self._ping_slots is None:
             self._ping_slots = asyncio.Semaphore(MAX_PINGS)
         async with self._ping_slots:
-            _, reader, writer = await self._dial(peer)
+            opened = await self._dial(peer)
+        reader, writer = opened.reader, opened.writer
         try:
             await write_frame(writer, header, b"", self._chunk_timeout)
             return (await read_header(reader, self._chunk_timeout)).get("ok") is True
@@ -769,11 +752,12 @@ class SyncService:
         m = n if momentum_elems is None else momentum_elems
         end = self._clock() + timeout
         try:
-            _, reader, writer = await asyncio.wait_for(self._dial(donor), self._chunk_timeout)
+            opened = await asyncio.wait_for(self._dial(donor), self._chunk_timeout)
         except Exception:
             if not await self._reconnect(donor, min(self._chunk_timeout, end - self._clock())):
                 raise
-            _, reader, writer = await asyncio.wait_for(self._dial(donor), self._chunk_timeout)
+            opened = await asyncio.wait_for(self._dial(donor), self._chunk_timeout)
+        reader, writer = opened.reader, opened.writer
         try:
             await write_frame(writer, {"op": "state"}, b"", self._chunk_timeout)
             header = await read_header(reader, max(0.01, end - self._clock()))

@@ -15,8 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hivemind.utils.timed_storage import get_dht_time
-
 from swarm.membership import Membership
 from swarm.memo import ContentMemo
 from swarm.sync.allreduce import RoundPlan
@@ -34,6 +32,7 @@ from swarm.sync.decide import (
     should_close,
 )
 from swarm.sync.dialhints import DialHints, transport_addrs
+from swarm.sync.hivemind_transport import HivemindRecords
 from swarm.sync.liveness import LivenessReason, Prober
 from swarm.sync.records import (
     ABORT_DIGEST,
@@ -50,6 +49,7 @@ from swarm.sync.records import (
     state_key,
     vote_key,
 )
+from swarm.sync.transport import RecordStore
 from swarm.sync.vetoes import vetoers
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,8 @@ def state_read_pause_s(records: int, took_s: float) -> float:
 
 
 class SyncRecords:
-    """This peer's view of the sync records of one (swarm, fingerprint)."""
+    """This peer's view of the sync records of one (swarm, fingerprint), in ``store`` (default: the
+    membership's DHT)."""
 
     def __init__(
         self,
@@ -95,8 +96,10 @@ class SyncRecords:
         cfg: OuterSyncConfig,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        store: RecordStore | None = None,
     ) -> None:
         self._m, self.fingerprint, self.cfg = membership, fingerprint, cfg
+        self._dht: RecordStore = store if store is not None else HivemindRecords(membership)
         self._clock, self._sleep = clock, sleep
         self.me = membership.peer_id
         self.swarm_id = membership.cfg.swarm_id
@@ -142,27 +145,16 @@ class SyncRecords:
         self._log(level, "rejected %d %s records: %s", len(reasons), kind, reasons[:3])
 
     def _get(self, key: str) -> dict[Any, Any]:
-        dht = self._m.dht
-        if dht is None:
-            return {}
         try:
-            found = dht.get(key, latest=True, return_future=True).result(timeout=self.cfg.dht_timeout_s)
+            return self._dht.get(key, self.cfg.dht_timeout_s)
         except Exception as e:
             self._log(logging.WARNING, "DHT read failed: %s", type(e).__name__)
             return {}
-        if found is None or not isinstance(found.value, dict):
-            return {}
-        return {sk: v.value for sk, v in found.value.items()}
 
     def _store(self, key: str, kind: str, record: Record, ttl: float, timeout: float | None = None) -> bool:
-        dht = self._m.dht
-        if dht is None:
-            return False
         value = seal_record(kind, record, self._m.identity.key)
-        expiration = get_dht_time() + ttl
         try:
-            fut = dht.store(key, value, expiration, subkey=self.me, return_future=True)
-            return bool(fut.result(timeout=self.cfg.dht_timeout_s if timeout is None else timeout))
+            return self._dht.store(key, self.me, value, ttl, self.cfg.dht_timeout_s if timeout is None else timeout)
         except Exception as e:
             self._log(logging.WARNING, "DHT store of a %s record failed: %s", kind, type(e).__name__)
             return False
@@ -183,7 +175,7 @@ class SyncRecords:
     def addrs(self) -> tuple[str, ...]:
         """This peer's transport addresses, asked once: a node's listen addresses do not change while it runs."""
         if self._addrs is None:
-            self._addrs = transport_addrs(self._m.visible_multiaddrs())
+            self._addrs = transport_addrs(self._dht.addresses())
         return self._addrs
 
     def refresh_state(self, revision: int, state_hash: str, origin: str = "") -> None:

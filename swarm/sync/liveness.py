@@ -20,11 +20,10 @@ import asyncio
 import concurrent.futures
 import enum
 import logging
-import time
 from collections.abc import Collection, Iterable
 
-from swarm.membership import Membership
 from swarm.sync.allreduce import SyncService
+from swarm.sync.transport import Loop
 
 logger = logging.getLogger(__name__)
 
@@ -41,20 +40,21 @@ class LivenessReason(enum.Enum):
 class Prober:
     """Pings peers on ``service``'s loop; results are per round (:meth:`reset`)."""
 
-    def __init__(self, membership: Membership, service: SyncService, timeout_s: float) -> None:
-        self._m, self._service, self.timeout_s = membership, service, timeout_s
-        self._me = membership.peer_id
+    def __init__(self, loop: Loop, me: str, service: SyncService, timeout_s: float) -> None:
+        self._loop, self._me, self._service, self.timeout_s = loop, me, service, timeout_s
         self._pings: dict[str, concurrent.futures.Future[bool]] = {}
         self._seen: set[str] = set()
         self._revision = -1
 
     def _submit(self, peer: str, timeout: float) -> concurrent.futures.Future[bool]:
-        loop = self._m.loop
-        if loop is None:  # membership stopped: nobody answers
-            done: concurrent.futures.Future[bool] = concurrent.futures.Future()
-            done.set_result(False)
-            return done
-        return asyncio.run_coroutine_threadsafe(self._service.ping(peer, timeout), loop.loop)
+        return self._loop.submit(self._service.ping(peer, timeout))
+
+    def _answers(self, pings: dict[str, concurrent.futures.Future[bool]], timeout: float) -> set[str]:
+        """Those of ``pings`` that answered yes within ``timeout`` (waited for on the loop, on its clock)."""
+        try:
+            return self._loop.run(_answered(pings, timeout), timeout + 1.0)
+        except (RuntimeError, TimeoutError):  # the loop stopped (nobody answers), or it is stalled
+            return set()
 
     def reset(self, revision: int) -> None:
         """A new round at ``revision``: forget earlier answers (a peer live then may be gone now)."""
@@ -87,30 +87,22 @@ class Prober:
 
     def answered(self, peers: Iterable[str]) -> set[str]:
         """Those of ``peers`` that answered their ping, waiting (bounded by the ping timeout) for pending ones."""
+        peers = list(peers)
         self.see([p for p in peers if p not in self._pings])
-        end = time.monotonic() + self.timeout_s + 0.5
-        out: set[str] = set()
-        for peer in peers:
-            fut = self._pings.get(peer)
-            if fut is None:
-                continue
-            try:
-                if fut.result(max(0.0, end - time.monotonic())):
-                    out.add(peer)
-            except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
-                pass
-        return out
+        return self._answers({p: self._pings[p] for p in peers if p in self._pings}, self.timeout_s + 0.5)
 
     def check(self, peers: Collection[str], timeout: float) -> set[str]:
         """Fresh pings (not the round's cached answers): those of ``peers`` that answer within ``timeout``."""
         timeout = max(0.05, min(timeout, self.timeout_s))
         futs = {p: self._submit(p, timeout) for p in peers}
-        end = time.monotonic() + timeout + 0.5
-        out: set[str] = set()
-        for peer, fut in futs.items():
-            try:
-                if fut.result(max(0.0, end - time.monotonic())):
-                    out.add(peer)
-            except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
-                fut.cancel()
+        out = self._answers(futs, timeout + 0.5)
+        for fut in futs.values():
+            fut.cancel()
         return out
+
+
+async def _answered(pings: dict[str, concurrent.futures.Future[bool]], timeout: float) -> set[str]:
+    waiting = {p: asyncio.wrap_future(f) for p, f in pings.items()}
+    if waiting:
+        await asyncio.wait(waiting.values(), timeout=timeout)
+    return {p for p, f in waiting.items() if f.done() and not f.cancelled() and f.exception() is None and f.result()}

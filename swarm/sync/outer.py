@@ -76,7 +76,7 @@ import torch
 
 from swarm.fingerprint import model_fingerprint, sync_fingerprint
 from swarm.membership import Membership
-from swarm.sync.allreduce import Hook, RoundPlan, Snapshot, SyncService
+from swarm.sync.allreduce import RoundPlan, Snapshot, SyncService
 from swarm.sync.assemble import Assembled, OwnScale, assemble, next_state
 from swarm.sync.catchup import CatchUpper
 from swarm.sync.config import (
@@ -91,13 +91,16 @@ from swarm.sync.config import (
 from swarm.sync.decide import CatchUpRefusal, CommitDecision, GroupDecision, peers_named_in
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
+from swarm.sync.hivemind_transport import hivemind_net
 from swarm.sync.job import RoundOutcome, SyncJob, apply_outcome
 from swarm.sync.journal import VoteJournal, journal_path
 from swarm.sync.liveness import Prober
+from swarm.sync.points import Observer, RoundPoint
 from swarm.sync.records import ABORT_DIGEST, valid_origin
 from swarm.sync.robust import Suspicion, distance
 from swarm.sync.schedule import Schedule
 from swarm.sync.tensors import flatten, state_hash
+from swarm.sync.transport import SyncNet
 from swarm.sync.vetoes import VetoTally
 
 logger = logging.getLogger(__name__)
@@ -125,7 +128,8 @@ class OuterSync:
 
     The anchor starts as the module's current weights (revision 0, zero
     momentum). Call :meth:`maybe_sync` after every inner step; always :meth:`close`.
-    ``hook`` is a test seam for fault injection (see :data:`swarm.sync.allreduce.Hook`).
+    ``observe`` hears the points each round passes (:mod:`swarm.sync.points`); ``net`` is the network
+    (:mod:`swarm.sync.transport`; default: the membership's hivemind daemon and DHT).
     """
 
     def __init__(
@@ -134,12 +138,13 @@ class OuterSync:
         module: torch.nn.Module,
         cfg: OuterSyncConfig,
         clock: Callable[[], float] = time.time,
-        hook: Hook | None = None,
+        observe: Observer | None = None,
+        net: SyncNet | None = None,
     ) -> None:
-        self.cfg, self.module, self._clock, self._hook = cfg, module, clock, hook
+        self.cfg, self.module, self._clock, self._observe = cfg, module, clock, observe
+        self._net = net = net if net is not None else hivemind_net(membership)
         self.peer_id = membership.peer_id
         self.fingerprint = sync_fingerprint(model_fingerprint(module), cfg.rule())
-        self._membership = membership
         anchor = flatten(module)
         momentum = torch.zeros(cfg.momentum_elems(anchor.numel()), dtype=torch.float32, device=anchor.device)
         self._snap = Snapshot(0, state_hash(anchor, momentum), anchor, momentum)
@@ -149,18 +154,18 @@ class OuterSync:
         # the inner step the applied anchor's un-synced progress starts at (a part counts by the steps
         # since); None after restoring a checkpoint that did not record it: the next job counts 1
         self._anchor_step: int | None = 0
-        self._records = SyncRecords(membership, self.fingerprint, cfg, clock)
+        self._records = SyncRecords(membership, self.fingerprint, cfg, clock, net.loop.sleep, net.records)
         self._scale = OwnScale()
         """This member's own evidence of an honest slice's scale (swarm.sync.assemble)."""
         name = f"{membership.cfg.swarm_id}.sync.{self.fingerprint}"
         self._service = SyncService(
-            membership.p2p,
+            net.streams,
             name,
             self.peer_id,
             cfg.chunk_timeout_s,
             lambda: self._snap,
             clock,
-            hook,
+            observe,
             register_timeout=cfg.allreduce_timeout_s,
             # a node that accepts no incoming connections cannot take payloads directly either: with no
             # listener it asks senders for the stream at once (none waits out a connect to it); it still
@@ -171,8 +176,8 @@ class OuterSync:
             state_deadline=cfg.state_bound_s(anchor.numel()),  # a stalled reader frees its slot by then
         )
         self._service.hints = self._records.hints  # addresses read with the records, dialled by the service
-        membership.run(self._service.start(), cfg.dht_timeout_s)
-        self._prober = Prober(membership, self._service, cfg.ping_timeout_s)
+        net.loop.run(self._service.start(), cfg.dht_timeout_s)
+        self._prober = Prober(net.loop, self.peer_id, self._service, cfg.ping_timeout_s)
         self._closed = False
         self._leaving = threading.Event()
         self._waiting_for = ""
@@ -368,6 +373,10 @@ class OuterSync:
         report.catch_up_refused = {why.value: n for why, n in self.catch_up_refusals.items()}
         return report
 
+    def _passed(self, point: RoundPoint, revision: int) -> None:
+        if self._observe is not None:
+            self._observe(point, revision)
+
     def _mark(self, phase: SyncPhase) -> float:
         """Note that ``phase`` begins now (the previous one ends); returns the time."""
         now = self._marks[phase] = self._clock()
@@ -386,7 +395,7 @@ class OuterSync:
 
     def _fetch_state(self, donor: str, n: int, timeout: float) -> Snapshot:
         fetch = self._service.fetch_state(donor, n, timeout, self.cfg.momentum_elems(n))
-        got: Snapshot = self._membership.run(fetch, timeout + 1)
+        got: Snapshot = self._net.loop.run(fetch, timeout + 1)
         return got
 
     def _maybe_catch_up(self) -> bool:
@@ -421,8 +430,7 @@ class OuterSync:
                 return self._report(t0, cause, len(decision.members), 0, caught_up)
             return self._report(t0, None, len(decision.members), 0, caught_up, outcome=SyncOutcome.NO_PARTNER)
         plan = self._plan(decision, snap)
-        if self._hook is not None:
-            self._hook("matchmade", snap.revision)
+        self._passed(RoundPoint.MATCHMADE, snap.revision)
         deadline = plan.deadline + self.cfg.commit_timeout_s
         t_ar = self._mark(SyncPhase.ALLREDUCE)
         try:
@@ -432,8 +440,7 @@ class OuterSync:
             self._log(logging.WARNING, "all-reduce failed: %s; discarding the round", e.reason)
             return self._report(t0, e.cause, len(plan.members), 0, caught_up, plan.group_id)
         allreduce_s = self._clock() - t_ar
-        if self._hook is not None:
-            self._hook("allreduced", snap.revision)
+        self._passed(RoundPoint.ALLREDUCED, snap.revision)
         # checked BEFORE voting, so a bad average makes this member vote abort and nobody applies it
         self._mark(SyncPhase.VOTE)
         new, step_problem = self._outer_step(snap, got, plan.skip)
@@ -454,8 +461,7 @@ class OuterSync:
             self._records.vote(plan, ABORT_DIGEST)  # a vote a restart could forget must not count
             return self._suspect_report(t0, plan, AbortCause.UNJOURNALLED, got, caught_up)
         delivered = self._records.vote(plan, ABORT_DIGEST if refusal is not None else got.digest)
-        if self._hook is not None:
-            self._hook("voted", snap.revision)
+        self._passed(RoundPoint.VOTED, snap.revision)
         if refusal is not None:
             self._log(logging.WARNING, "refused the average (%s); voted abort", refusal.value)
             return self._suspect_report(t0, plan, AbortCause.REFUSED, got, caught_up)
@@ -539,7 +545,7 @@ class OuterSync:
         timeout = max(0.1, plan.deadline - self._clock()) + 2.0
         weight = job.weight  # read before the round: a blocking one writes the average over the job's part
         try:
-            result = self._membership.run(self._service.allreduce(plan, job.pseudo, weight, job.blocking), timeout)
+            result = self._net.loop.run(self._service.allreduce(plan, job.pseudo, weight, job.blocking), timeout)
         except TimeoutError:
             raise SyncAborted("all-reduce timeout") from None
         got = assemble(plan, snap, weight, result, self.cfg.max_update, self._scale.scale())
@@ -568,6 +574,6 @@ class OuterSync:
             return
         self._closed = True
         try:
-            self._membership.run(self._service.stop(), self.cfg.dht_timeout_s)
+            self._net.loop.run(self._service.stop(), self.cfg.dht_timeout_s)
         except Exception as e:
             self._log(logging.DEBUG, "stopping the sync service: %s", e)

@@ -21,6 +21,7 @@ from protocol import SigningKey
 from swarm.identity import load_or_create
 from swarm.membership import Membership, MembershipConfig
 from swarm.sync.allreduce import Snapshot, SyncService
+from swarm.sync.hivemind_transport import HivemindStreams
 from swarm.sync.records import STATE_KIND, StateRecord, seal_record, state_key
 from swarm.sync.tensors import flatten, state_hash
 from tests.faults import FaultSwarm, Peer, final_state, hashes_by_revision
@@ -71,7 +72,7 @@ def test_forged_revision_claimed_by_many_keys_is_not_adopted(fault_swarm: FaultS
     identity = load_or_create(fault_swarm.root / "mallory.key")
     cfg = MembershipConfig(swarm_id="test-sync", host="127.0.0.1", initial_peers=(a.info["maddrs"][0],))
     with Membership(identity, cfg) as mallory:
-        service = SyncService(mallory.p2p, f"test-sync.sync.{fp}", mallory.peer_id, 2.0, lambda: fake)
+        service = SyncService(HivemindStreams(mallory.p2p), f"test-sync.sync.{fp}", mallory.peer_id, 2.0, lambda: fake)
         mallory.run(service.start(), 5.0)
         fault_swarm.go()
         for p in (a, b):

@@ -60,6 +60,7 @@ from swarm.identity import load_or_create
 from swarm.membership import Membership, MembershipConfig
 from swarm.sync import OuterSyncConfig
 from swarm.sync.allreduce import Snapshot, SyncService
+from swarm.sync.hivemind_transport import HivemindStreams
 from swarm.sync.records import STATE_KIND, StateRecord, seal_record, state_key
 from swarm.sync.tensors import state_hash
 from swarm.validation import dht_key, sync_validator
@@ -141,7 +142,7 @@ def _mallory(argv: list[str]) -> int:
         assert m.dht is not None
         dht = m.dht
         # the live stranger: answers pings (and would serve its made-up state) on the sync stream
-        service = SyncService(m.p2p, f"{SWARM}.sync.{fp}", m.peer_id, 2.0, lambda: fake)
+        service = SyncService(HivemindStreams(m.p2p), f"{SWARM}.sync.{fp}", m.peer_id, 2.0, lambda: fake)
         m.run(service.start(), 10.0)
         out.write(event="ready", peer=m.peer_id, time=time.time())
 

@@ -20,6 +20,7 @@ import torch
 from swarm.identity import load_or_create
 from swarm.membership import Membership, MembershipConfig
 from swarm.sync.allreduce import Snapshot, SyncService
+from swarm.sync.hivemind_transport import HivemindStreams
 from swarm.sync.tensors import flatten
 from tests.faults import FaultSwarm, Peer, final_state, hashes_by_revision
 
@@ -47,7 +48,11 @@ def _served(peer: Peer, root: object, n: int) -> Snapshot:
     with Membership(identity, cfg) as observer:
         nothing = Snapshot(0, "", torch.zeros(0), torch.zeros(0))
         service = SyncService(
-            observer.p2p, f"test-sync.sync.{peer.info['fingerprint']}", observer.peer_id, 2.0, lambda: nothing
+            HivemindStreams(observer.p2p),
+            f"test-sync.sync.{peer.info['fingerprint']}",
+            observer.peer_id,
+            2.0,
+            lambda: nothing,
         )
         snap: Snapshot = observer.run(service.fetch_state(peer.info["peer"], n, 10.0), 12.0)
     return snap

@@ -31,6 +31,7 @@ from swarm.identity import load_or_create
 from swarm.membership import Membership, MembershipConfig
 from swarm.sync.allreduce import Snapshot, SyncService
 from swarm.sync.config import SyncAborted
+from swarm.sync.hivemind_transport import HivemindStreams
 from swarm.sync.wire import read_header, write_frame
 from tests.faults import FaultSwarm, Peer, final_state, hashes_by_revision
 
@@ -138,7 +139,7 @@ def _sybils(mallory: Membership, swarm: FaultSwarm, a: Peer, n: int) -> Iterator
 def _fetch(mallory: Membership, target: str, name: str) -> Snapshot:
     """Mallory's own download that reads: what any newcomer's catch-up does (hash and finiteness checked)."""
     unused = Snapshot(0, "", torch.zeros(0), torch.zeros(0))
-    service = SyncService(mallory.p2p, name, mallory.peer_id, 10.0, lambda: unused)
+    service = SyncService(HivemindStreams(mallory.p2p), name, mallory.peer_id, 10.0, lambda: unused)
     got: Snapshot = mallory.run(service.fetch_state(target, N_PARAMS, 30.0), 40.0)
     return got
 

@@ -23,6 +23,7 @@ import torch
 from swarm.identity import load_or_create
 from swarm.membership import Membership, MembershipConfig
 from swarm.sync.allreduce import Snapshot, SyncService
+from swarm.sync.hivemind_transport import HivemindStreams
 from tests.faults import FaultSwarm, Peer, final_state, hashes_by_revision
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(150)]
@@ -55,7 +56,9 @@ def test_a_partner_claiming_a_far_revision_moves_no_honest_anchor(fault_swarm: F
     fp = a.info["fingerprint"]
     with Membership(identity, cfg) as observer:
         nothing = Snapshot(0, "", torch.zeros(0), torch.zeros(0))  # the observer serves nothing of interest
-        service = SyncService(observer.p2p, f"test-sync.sync.{fp}", observer.peer_id, 2.0, lambda: nothing)
+        service = SyncService(
+            HivemindStreams(observer.p2p), f"test-sync.sync.{fp}", observer.peer_id, 2.0, lambda: nothing
+        )
         served = [_served(observer, service, p, fake.numel()) for p in (a, b)]
     distances = [float((s.anchor - fake).norm() / fake.norm()) for s in served]
     claims = m.records("claim")

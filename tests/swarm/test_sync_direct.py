@@ -22,6 +22,7 @@ from hivemind.p2p import P2P
 from swarm.sync import direct
 from swarm.sync.allreduce import AllReduceResult, RoundPlan, Snapshot, SyncService
 from swarm.sync.config import SyncAborted
+from swarm.sync.hivemind_transport import HivemindStreams
 
 pytestmark = pytest.mark.process  # real p2pd daemons and TCP listeners
 
@@ -47,7 +48,15 @@ async def _pair(
     # a service without a listener still sends directly (a node in client mode); both None: streams only
     send = host_a is not None or host_b is not None
     services = [
-        SyncService(p2p, "test.sync", p2p.peer_id.to_base58(), 5.0, _snapshot, direct_host=host, direct_send=send)
+        SyncService(
+            HivemindStreams(p2p),
+            "test.sync",
+            p2p.peer_id.to_base58(),
+            5.0,
+            _snapshot,
+            direct_host=host,
+            direct_send=send,
+        )
         for p2p, host in ((a, host_a), (b, host_b))
     ]
     if before_start is not None:
@@ -253,12 +262,12 @@ def test_a_ping_whose_stream_closes_before_an_answer_is_asked_again() -> None:
     def flaky(service: SyncService) -> None:
         real = service._handle
 
-        async def handle(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def handle(sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             if not closed:
                 closed.append(1)
                 writer.close()
                 return
-            await real(info, reader, writer)
+            await real(sender, reader, writer)
 
         service._handle = handle  # type: ignore[method-assign]
 

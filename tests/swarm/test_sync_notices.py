@@ -1,11 +1,11 @@
 """A member that gives up on an all-reduce tells its partners (swarm/sync/notices.py).
 
 Real hivemind P2P daemons on 127.0.0.1, each serving a real :class:`SyncService`, run rounds of one plan.
-A member whose streams to the owners close after it served its own slice (the ``lose`` test seam: what
-a daemon that resets fresh streams under load does) gives up at once; its partners, waiting for its
-parts, would end the round only at its deadline, which with the deadline longer than the sync period
-costs the group the next epochs too. A peer outside the group, or a notice naming another
-revision, ends nothing.
+A member whose streams to the owners close after it served its own slice (a test transport,
+:class:`_LosingStreams`: what a daemon that resets fresh streams under load does) gives up at once;
+its partners, waiting for its parts, would end the round only at its deadline, which with the
+deadline longer than the sync period costs the group the next epochs too. A peer outside the group,
+or a notice naming another revision, ends nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +22,11 @@ from hivemind.p2p import P2P
 
 from swarm.sync.allreduce import AllReduceResult, RoundPlan, Snapshot, SyncService
 from swarm.sync.config import AbortCause, SyncAborted
+from swarm.sync.errors import PeerLost
+from swarm.sync.hivemind_transport import HivemindStreams
 from swarm.sync.notices import MAX_EARLY, EarlyNotices, cause_of, notice, worth_telling
+from swarm.sync.points import RoundPoint
+from swarm.sync.transport import Handler, Opened
 
 N = 50_000
 DEADLINE_S = 20.0
@@ -34,16 +38,51 @@ def _snapshot() -> Snapshot:
     return Snapshot(0, "0" * 64, zero, zero)
 
 
+class _LosingStreams(HivemindStreams):
+    """Streams that, while ``losing``, close each stream to an owner for a part (as a reset stream does)
+    once this member has served its own slice to its ``partners``: they then wait for its parts."""
+
+    def __init__(self, p2p: P2P, partners: int) -> None:
+        super().__init__(p2p)
+        self.losing, self._partners = True, partners
+        self._parts = self._served = 0
+
+    def observe(self, point: RoundPoint, revision: int) -> None:
+        if point is RoundPoint.SEND and self.losing:  # the stream the service opens next carries a part
+            self._parts += 1
+
+    async def serve(self, name: str, handler: Handler) -> None:
+        async def counted(sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await handler(sender, reader, writer)
+            finally:
+                self._served += 1
+
+        await super().serve(name, counted)
+
+    async def open(self, peer: str, name: str) -> Opened:
+        if not self._parts:
+            return await super().open(peer, name)
+        self._parts -= 1
+        end = time.monotonic() + DEADLINE_S
+        while self._served < self._partners and time.monotonic() < end:
+            await asyncio.sleep(0.01)
+        raise PeerLost("stream closed before a frame header")
+
+
 @contextlib.asynccontextmanager
-async def _services(hooks: Sequence[Callable[[str, int], str | None] | None]) -> AsyncIterator[list[SyncService]]:
-    """One connected daemon and stream-only service per hook (the first daemon bootstraps the others)."""
+async def _services(n: int, losing: bool = False) -> AsyncIterator[list[SyncService]]:
+    """``n`` connected daemons, each with a stream-only service (the first daemon bootstraps the others);
+    with ``losing``, the last one's streams are :class:`_LosingStreams`."""
     first = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     seeds = [str(m) for m in await first.get_visible_maddrs()]
-    p2ps = [first] + [await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=seeds) for _ in hooks[1:]]
-    services = [
-        SyncService(p2p, "test.sync", p2p.peer_id.to_base58(), 5.0, _snapshot, hook=hook)
-        for p2p, hook in zip(p2ps, hooks, strict=True)
-    ]
+    p2ps = [first] + [await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=seeds) for _ in range(n - 1)]
+    services = []
+    for k, p2p in enumerate(p2ps):
+        streams = _LosingStreams(p2p, n - 1) if losing and k == n - 1 else HivemindStreams(p2p)
+        observe = streams.observe if isinstance(streams, _LosingStreams) else None
+        me = p2p.peer_id.to_base58()
+        services.append(SyncService(streams, "test.sync", me, 5.0, _snapshot, observe=observe))
     try:
         for s in services:
             await s.start()
@@ -90,25 +129,19 @@ def _run(body: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(body(), 90.0))
 
 
-def _lose(phase: str, revision: int) -> str | None:
-    return "lose" if phase == "send" else None
-
-
 @pytest.mark.process
 def test_partners_of_a_member_that_gives_up_end_the_round_at_once() -> None:
     """c serves its own slice to a and b, then its streams to both owners close before its parts went out:
     a and b end the round in seconds, not at its 20 s deadline (defence off: both wait it out and end on
     an all-reduce timeout). The next round, without the fault, gives the same bits everywhere."""
-    faulty = [True]
-
-    def c_hook(phase: str, revision: int) -> str | None:
-        return _lose(phase, revision) if faulty[0] else None
 
     async def body() -> None:
-        async with _services([None, None, c_hook]) as services:
+        async with _services(3, losing=True) as services:
             _expect_each_other(services)
             outcome = await _rounds(services, _plan(services))
-            faulty[0] = False
+            c_streams = services[2]._streams
+            assert isinstance(c_streams, _LosingStreams)
+            c_streams.losing = False
             _expect_each_other(services, 1)
             after = await _rounds(services, _plan(services, 1))
         shown = [(type(r).__name__, getattr(r, "cause", ""), round(t, 2)) for r, t in outcome]
@@ -133,7 +166,7 @@ def test_a_notice_from_outside_the_group_or_for_another_revision_ends_nothing() 
     and the round commits once b runs it (defence off: any of them would end it)."""
 
     async def body() -> None:
-        async with _services([None, None, None]) as (a, b, stranger):
+        async with _services(3) as (a, b, stranger):
             pair = [a, b]
             plan = _plan(pair)
             _expect_each_other(pair)
@@ -159,7 +192,7 @@ def test_a_notice_before_the_round_is_registered_ends_it_at_registration() -> No
     record), and a's round then fails at once; a notice from a peer a did not read is refused."""
 
     async def body() -> None:
-        async with _services([None, None, None]) as (a, b, c):
+        async with _services(3) as (a, b, c):
             plan = _plan([a, b, c])
             a.expect(0, [c._me])  # read c's join record only
             assert await _send_notice(c, a, notice(plan.group_id, 0, AbortCause.BAD_BYTES))

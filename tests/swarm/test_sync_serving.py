@@ -126,19 +126,6 @@ def test_a_failed_build_is_not_kept_for_the_next_ask() -> None:
 # ---- the service, on in-memory streams ----------------------------------------------------------------------
 
 
-class _PeerId:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def to_base58(self) -> str:
-        return self.name
-
-
-class _Info:
-    def __init__(self, peer: str) -> None:
-        self.peer_id = _PeerId(peer)
-
-
 class _Transport:
     def __init__(self) -> None:
         self.aborted = False
@@ -186,12 +173,14 @@ def _ask() -> asyncio.StreamReader:
 
 async def _serve(service: SyncService, peer: str, writer: _Writer) -> None:
     """One ask for the state from ``peer``, answered on ``writer``."""
-    await service._handle(_Info(peer), _ask(), cast(asyncio.StreamWriter, writer))
+    await service._handle(peer, _ask(), cast(asyncio.StreamWriter, writer))
 
 
 def _service(snap: list[Snapshot], serves: int, deadline: float) -> SyncService:
-    p2p: Any = None  # serving needs no daemon: the handler is called directly
-    return SyncService(p2p, "test.sync", "me", 5.0, lambda: snap[0], max_state_serves=serves, state_deadline=deadline)
+    streams: Any = None  # serving needs no network: the handler is called directly
+    return SyncService(
+        streams, "test.sync", "me", 5.0, lambda: snap[0], max_state_serves=serves, state_deadline=deadline
+    )
 
 
 def _snap(n: int, value: float) -> Snapshot:

@@ -38,6 +38,7 @@ from swarm.sync.decide import (
     window_sealed,
 )
 from swarm.sync.errors import BadBytes
+from swarm.sync.hivemind_transport import MembershipLoop
 from swarm.sync.outer import fit_momentum
 from swarm.sync.records import (
     JOIN_KIND,
@@ -477,11 +478,18 @@ def test_prober_keeps_every_joiner_seen_expected_until_the_group_is_decided() ->
         def expect_nothing(self) -> None:
             self.expected = frozenset()
 
-    class Member:
-        peer_id, loop = "me", None
+        async def ping(self, peer: str, timeout: float) -> bool:
+            return True
+
+    class Member:  # a membership that stopped: no loop to run pings on
+        loop = None
+
+        def run(self, coro: Any, timeout: float) -> Any:
+            coro.close()
+            raise RuntimeError("membership is not started")
 
     service = Service()
-    prober = Prober(cast(Any, Member()), cast(Any, service), 0.05)
+    prober = Prober(MembershipLoop(cast(Any, Member())), "me", cast(Any, service), 0.05)
     prober.reset(3)
     prober.see(["a", "b"])
     assert prober.answered(["a", "b", "c"]) == set()  # no loop: nobody answers

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -60,6 +60,9 @@ class _Votes(SyncRecords):
 
     def _tick(self, s: float) -> None:
         self.now += max(s, 0.01)
+
+    def _store(self, *_: Any, **__: Any) -> bool:  # no DHT: nothing this peer publishes gets out
+        return False
 
     def read_votes(self, plan: RoundPlan) -> dict[str, VoteRecord]:
         votes = self._reads.pop(0) if len(self._reads) > 1 else self._reads[0]

@@ -202,7 +202,8 @@ def test_descriptors_published_by_the_exchange_are_accepted() -> None:
 
 def test_sync_records_stored_by_dhtio_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
     t = [NOW]
-    monkeypatch.setattr("swarm.sync.dhtio.get_dht_time", lambda: t[0])  # dhtio's expiration clock, faked
+    # the DHT adapter's expiration clock, faked
+    monkeypatch.setattr("swarm.sync.hivemind_transport.get_dht_time", lambda: t[0])
 
     def sleep(s: float) -> None:
         t[0] += max(s, 0.01)
@@ -227,7 +228,7 @@ def test_sync_records_stored_by_dhtio_are_accepted(monkeypatch: pytest.MonkeyPat
 
 def test_matchmaking_ends_at_once_when_the_node_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
     t = [NOW]
-    monkeypatch.setattr("swarm.sync.dhtio.get_dht_time", lambda: t[0])
+    monkeypatch.setattr("swarm.sync.hivemind_transport.get_dht_time", lambda: t[0])
 
     def sleep(s: float) -> None:
         t[0] += max(s, 0.01)
