@@ -193,7 +193,7 @@ def task_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def resume_problem(log_dir: str, peer_id: str, rounds: int, who: str = "") -> str | None:
+def resume_problem(log_dir: str, peer_id: str, rounds: int) -> str | None:
     """With ``--resume``, a checkpoint already at or past ``--rounds`` (the node would exit at once); else None."""
     if rounds <= 0:
         return None
@@ -202,7 +202,7 @@ def resume_problem(log_dir: str, peer_id: str, rounds: int, who: str = "") -> st
     if done is None or done < rounds:
         return None
     return (
-        f"--resume: {who}the checkpoint in {directory} is at round {done}, and --rounds {rounds} counts from the "
+        f"--resume: the checkpoint in {directory} is at round {done}, and --rounds {rounds} counts from the "
         f"first round, so nothing is left to run; raise --rounds above {done} (0 runs until stopped)"
     )
 
@@ -223,8 +223,10 @@ def _problems(args: argparse.Namespace) -> Iterator[str | None]:
         yield model_folder_problem(name, flag)
     yield task_problem(args)
     yield log_dir_problem(args.log_dir)
-    if args.command == "local":  # its nodes get their own keys and ports; a busy dashboard port falls back
-        yield from _local_keys(args)
+    if args.command == "local":  # its nodes get their own ports; a busy dashboard port falls back to a free one
+        for key in _local_key_files(args):  # a key kept from an earlier run is reused
+            if key.exists():
+                identity_peer_id(str(key))
         return
     peer_id = identity_peer_id(args.identity)
     host, port = parse_host_port(args.host_port, "0.0.0.0")
@@ -232,7 +234,7 @@ def _problems(args: argparse.Namespace) -> Iterator[str | None]:
         yield bind_problem(host, port, "--host-port", args.host_port)
     if args.dashboard_port:
         yield bind_problem(args.dashboard_host, args.dashboard_port, "--dashboard-port", str(args.dashboard_port))
-    if args.resume and peer_id is not None:
+    if args.resume and peer_id is not None and not args.hold:  # a held node serves its rollouts: not idle
         yield resume_problem(args.log_dir, peer_id, args.rounds)
 
 
@@ -243,14 +245,27 @@ def _models(args: argparse.Namespace) -> list[tuple[str, str]]:
     return [(flag, name) for flag, name in models if name]
 
 
-def _local_keys(args: argparse.Namespace) -> Iterator[str | None]:
-    """``local``: the key file each node kept in ``<log-dir>/keys`` from an earlier run (it is reused), and with
-    ``--resume`` each node's checkpoint, found through it."""
-    for i in range(args.nodes):
-        key = Path(args.log_dir).expanduser() / "keys" / f"node{i}.key"
+def _local_key_files(args: argparse.Namespace) -> list[Path]:
+    return [Path(args.log_dir).expanduser() / "keys" / f"node{i}.key" for i in range(args.nodes)]
+
+
+def _local_all_done(args: argparse.Namespace) -> str | None:
+    """``local --resume`` where every node's checkpoint is at ``--rounds`` already: nothing is trained.
+
+    A warning, not a refusal: a node that finished holds (serves its rollouts) while slower ones catch
+    up, and an experiment resumes a run whose nodes all finished to write its summary.
+    """
+    rounds = []
+    for key in _local_key_files(args):
         peer_id = identity_peer_id(str(key)) if key.exists() else None
-        if args.resume and peer_id is not None:
-            yield resume_problem(args.log_dir, peer_id, args.rounds, f"node {i}: ")
+        done = read_round(Path(args.log_dir).expanduser() / peer_id[-6:]) if peer_id else None
+        if done is None or done < args.rounds:
+            return None
+        rounds.append(done)
+    return (
+        f"--resume: every node's checkpoint in {args.log_dir} is at round {min(rounds)} or later, and --rounds "
+        f"{args.rounds} counts from the first round, so no node trains; raise --rounds above {max(rounds)}"
+    )
 
 
 def start_warnings(args: argparse.Namespace | NodeOptions) -> list[str]:
@@ -263,4 +278,6 @@ def start_warnings(args: argparse.Namespace | NodeOptions) -> list[str]:
             f"--sync-period {args.sync_period_s:g} decides when to sync (on a clock shared by all peers), so "
             f"--sync-every {args.sync_every} only turns the sync on; drop --sync-every to count on the clock alone"
         )
+    if isinstance(args, argparse.Namespace) and args.command == "local" and args.resume:
+        out += [w for w in [_local_all_done(args)] if w]
     return out

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from node.cli.errors import CliError
 from node.cli.main import _parse, build_parser, main
 from node.cli.preflight import start_warnings
 from node.core.checkpoint_round import ROUND_FILE, read_round
@@ -65,8 +66,6 @@ def bad_inputs(tmp: Path, busy: int) -> list[tuple[list[str], str]]:
     valid = encode_key_file(seed)
     corrupt = valid[:36] + bytes(32)  # the seed kept, the public key zeroed
     _checkpoint_at(tmp / "done", tmp / "done.key", 5)
-    (tmp / "local-done" / "keys").mkdir(parents=True)
-    _checkpoint_at(tmp / "local-done", tmp / "local-done" / "keys" / "node0.key", 20)
     (tmp / "local-bad" / "keys").mkdir(parents=True)
     _key(tmp / "local-bad" / "keys" / "node1.key", b"garbage")
     peer = ["--peer", f"/ip4/127.0.0.1/tcp/1/p2p/{FULL_ID}"]
@@ -105,7 +104,6 @@ def bad_inputs(tmp: Path, busy: int) -> list[tuple[list[str], str]]:
         (["eval", "--check", "x"], "unrecognized arguments: --check"),
         (["start", "--client-mode", "--announce", "/ip4/1.2.3.4/tcp/5"], "drop --announce"),
         (["start", *done, "--resume", "--rounds", "5"], "is at round 5"),
-        (["local", "--log-dir", str(tmp / "local-done"), "--resume", "--rounds", "20"], "node 0: the checkpoint"),
         (["local", "--log-dir", str(tmp / "local-bad"), "--nodes", "2"], "node1.key is not an Ed25519 identity"),
     ]
 
@@ -153,6 +151,24 @@ def test_sync_every_beside_a_sync_period_says_which_one_decides() -> None:
     assert warning.startswith("--sync-period 60 decides when to sync") and "drop --sync-every" in warning
     assert start_warnings(NodeOptions(sync_every=5)) == []
     assert start_warnings(NodeOptions(sync_period_s=60)) == []
+
+
+def test_resuming_past_rounds_is_refused_alone_and_warned_of_in_a_local_swarm(tmp_path: Path) -> None:
+    """A node alone would exit at once; a node of ``local`` (``--hold``) serves its rollouts while slower ones
+    catch up, so it starts; ``local`` whose every node is done says so, and still writes its summary."""
+    _checkpoint_at(tmp_path / "one", tmp_path / "one.key", 5)
+    alone = ["start", "--identity", str(tmp_path / "one.key"), "--log-dir", str(tmp_path / "one"), "--resume"]
+    with pytest.raises(CliError, match="is at round 5"):
+        _parse(build_parser(), [*alone, "--rounds", "5"])
+    assert _parse(build_parser(), [*alone, "--rounds", "5", "--hold"]).hold
+    (tmp_path / "swarm" / "keys").mkdir(parents=True)
+    for i, done in enumerate((20, 25)):
+        _checkpoint_at(tmp_path / "swarm", tmp_path / "swarm" / "keys" / f"node{i}.key", done)
+    local = ["local", "--nodes", "2", "--log-dir", str(tmp_path / "swarm"), "--resume"]
+    (warning,) = start_warnings(_parse(build_parser(), [*local, "--rounds", "20"]))
+    assert "every node's checkpoint" in warning and "raise --rounds above 25" in warning
+    assert start_warnings(_parse(build_parser(), [*local, "--rounds", "21"])) == []  # node 0 has rounds to run
+    assert start_warnings(_parse(build_parser(), [*local, "--rounds", "20", "--nodes", "3"])) == []  # a new node
 
 
 def test_a_checkpoint_write_records_its_round_for_the_command_line(tmp_path: Path) -> None:
