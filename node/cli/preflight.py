@@ -6,8 +6,10 @@ ports; a mistake found then costs that wait and leaves helpers to shut down.
 Everything checkable with the standard library (and the key file's own
 decoder) is checked here first: the log folder, the identity, the listen and
 dashboard ports (each bind-tested), the peers' addresses and peer ids, the
-model folder, and ``--resume`` against ``--rounds``. Each problem is one
-sentence naming the fix, raised as a :class:`~node.cli.errors.CliError`.
+model folder, the task names, and ``--resume`` against ``--rounds``. Each
+problem is one sentence naming the fix, raised as a
+:class:`~node.cli.errors.CliError`; :func:`start_warnings` names what is
+accepted but does less than it seems.
 
 The key file's and peer ids' decoders live in :mod:`protocol`, whose import (its message schemas and
 ``cryptography``) costs a fifth of a second: they are imported only where a key file exists or a peer
