@@ -117,6 +117,7 @@ class PeerWatch:
     quiet: Latch = field(default_factory=Latch)
     partnerless: Latch = field(default_factory=Latch)
     _no_partner_run: int = 0
+    _no_partner_why: NoPartnerWhy | None = None
     _last_heard: str = ""
     round_s: float = 0.0
     """The node's last round length (:meth:`check`): slow rounds widen the window a peer may stay silent."""
@@ -193,11 +194,14 @@ class PeerWatch:
         self._no_partner_run = 0 if partner else self._no_partner_run + 1
         edge = self.partnerless.update(self._no_partner_run >= NO_PARTNER_SYNCS, now)
         if edge is Edge.CLEARED:
+            self._no_partner_why = None
             return Alert(logging.INFO, "outer sync found a partner again")
-        if edge is not Edge.RAISED:
-            return None
         models = self.recent(now)
         why = no_partner_why(self.model_id, models.values())
+        # said again only when the reason changes (a peer of another model joined a node that was alone)
+        if not self.partnerless.raised or why is self._no_partner_why:
+            return None
+        self._no_partner_why = why
         fix = (
             _fix(why, models)
             if self.hears

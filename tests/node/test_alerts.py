@@ -127,3 +127,12 @@ def test_a_node_that_collects_nothing_is_never_called_alone_and_says_it_cannot_t
     assert _run(watch, 0.0, 10 * ALONE_AFTER_S, connected=3) == []
     (line,) = _syncs(watch, [False] * NO_PARTNER_SYNCS)
     assert "--external 0" in line.text and "cannot tell why" in line.text
+
+
+def test_no_partner_is_said_again_only_when_its_reason_changes() -> None:
+    watch = PeerWatch("mine", "tiny-s", started=0.0)
+    (alone,) = _syncs(watch, [False] * NO_PARTNER_SYNCS)
+    assert "no peer of this swarm" in alone.text
+    watch.hear("peer-b", "tiny-m", 5.0)  # a peer of another model joins: the reason is now another one
+    (other,) = _syncs(watch, [False] * 10, t0=5.0)
+    assert "another model (tiny-m)" in other.text
