@@ -1,0 +1,488 @@
+"""A simulated network for the outer sync: in-memory streams and records on one virtual clock, with faults.
+
+It implements :mod:`swarm.sync.transport` (streams, a record store, a loop)
+for any number of members in one process, so the real :class:`OuterSync`
+runs whole rounds without daemons, in a fraction of a second of wall time.
+
+Time: one asyncio loop (:class:`VirtualLoop`) whose clock is virtual. When
+nothing is ready to run, no member thread is computing and no executor job
+is out, the loop jumps straight to its next timer (as trio's ``MockClock``
+with autojump, or a looptime loop, does); otherwise it waits for real, and
+the virtual clock stands still. A member's sync runs on its own thread, as
+a node's does, and every call it makes into the network (a record read or
+store, a stream round, a sleep) is a coroutine on the loop: while a thread
+waits there it counts as blocked, so the clock may jump.
+
+Faults are rules of the network, never of the sync:
+
+- ``lag``: seconds each message from or to a member takes (a stream's bytes, a record read or store),
+  on top of :data:`MIN_LAG_S`.
+- ``loss``: the chance that a stream open or a record store from a member fails.
+- ``partition``: members in different groups reach nothing of each other; bytes in flight between them
+  are dropped, and each group's records stay on its side until ``heal``.
+- ``freeze`` (SIGSTOP-like): nothing reaches or leaves the member and its thread's calls stall until
+  ``thaw``; its coroutines still see their timers, which is as far as one shared loop can stop it.
+- ``crash`` (SIGKILL-like): its streams reset, its handlers are gone, its thread ends at its next call.
+
+Records: each member holds a replica (key -> subkey -> (value, expiry)); a store reaches every replica in
+the storer's group, a read answers from the reader's own, as a DHT whose replicas are all in step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import random
+import selectors
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from swarm.sync.transport import Handler, Opened, SyncNet
+
+T = TypeVar("T")
+
+EPOCH = 1_700_000_000.0
+"""The wall-clock time (Unix seconds) at virtual time 0."""
+MIN_LAG_S = 0.001
+"""What every message and record call takes at least: a real one never takes no time, and a loop that
+polls until a deadline without sleeping (it does not expect to) would otherwise spin at one instant."""
+TIME_SLACK_S = 1e-6
+"""What counts as now: asyncio runs a timer up to its clock's resolution early."""
+BUSY_POLL_S = 0.05
+"""Longest real wait of the loop while a member thread computes (it wakes at once when one calls in)."""
+
+
+class Deadlock(RuntimeError):
+    """Nothing can ever happen: no timer, no ready task, no member thread computing."""
+
+
+class Crashed(BaseException):
+    """The member this thread runs for was crashed (a BaseException: the sync's handlers must not catch it)."""
+
+
+class _VirtualSelector(selectors.DefaultSelector):
+    """The real selector, except that an idle wait moves the virtual clock instead of sleeping."""
+
+    loop: VirtualLoop
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is not None and timeout <= 0:
+            return list(super().select(0))
+        if self.loop.busy():
+            return list(super().select(BUSY_POLL_S if timeout is None else min(timeout, BUSY_POLL_S)))
+        ready = list(super().select(0))
+        if ready:
+            return ready
+        if timeout is None:
+            raise Deadlock("no timer, no task ready and no member computing: the simulation can never go on")
+        self.loop.advance(timeout)
+        return []
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual seconds: idle waits jump, so time costs nothing (see the module docstring)."""
+
+    def __init__(self) -> None:
+        selector = _VirtualSelector()
+        super().__init__(selector)
+        selector.loop = self
+        self._now = 0.0
+        self.computing = 0
+        """Member threads running outside the loop (counted on the loop's thread only)."""
+        self._jobs = 0
+
+    def time(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += max(0.0, seconds)
+
+    def busy(self) -> bool:
+        return self.computing > 0 or self._jobs > 0
+
+    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:  # type: ignore[override]
+        self._jobs += 1
+        fut = super().run_in_executor(executor, func, *args)
+        fut.add_done_callback(lambda _: self._job_done())
+        return fut
+
+    def _job_done(self) -> None:
+        self._jobs -= 1
+
+
+@dataclass
+class _Member:
+    name: str
+    lag: float = 0.0
+    loss: float = 0.0
+    group: int = 0
+    frozen: asyncio.Event | None = None
+    """Set while the member runs; cleared while it is frozen (None before the loop made it)."""
+    crashed: bool = False
+    handlers: dict[str, Handler] = field(default_factory=dict)
+    replica: dict[str, dict[str, tuple[bytes, float]]] = field(default_factory=dict)
+    waits: set[asyncio.Future[Any]] = field(default_factory=set)
+    """Its thread's calls in progress (cancelled by a crash)."""
+
+
+class _Pipe(asyncio.Transport):
+    """One direction's sending end of a simulated stream: bytes reach the other end's protocol in order,
+    ``lag`` later, unless the link is cut (partition, crash) or an end is frozen (then they wait)."""
+
+    def __init__(self, net: SimNet, src: str, dst: str, protocol: asyncio.StreamReaderProtocol) -> None:
+        super().__init__()
+        self._net, self.src, self.dst, self._own = net, src, dst, protocol
+        self.peer: asyncio.StreamReaderProtocol | None = None
+        self._queue: collections.deque[tuple[float, bytes | None]] = collections.deque()
+        self._closing = False
+        self._scheduled = False
+        self.dead = False
+
+    # -- asyncio.Transport ---------------------------------------------------------------------
+    def write(self, data: Any) -> None:
+        if self._closing or self.dead:
+            return
+        self._push(bytes(data))
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._push(None)
+        self._net.loop.call_soon(self._own.connection_lost, None)
+
+    def abort(self) -> None:
+        self._queue.clear()
+        self._closing = True
+        self.reset()
+
+    def is_closing(self) -> bool:
+        return self._closing or self.dead
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    # -- delivery --------------------------------------------------------------------------------
+    def _push(self, data: bytes | None) -> None:
+        self._queue.append((self._net.loop.time() + self._net.link_lag(self.src, self.dst), data))
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled and self._queue:
+            self._scheduled = True
+            self._net.loop.call_at(self._queue[0][0], self._deliver)
+
+    def _deliver(self) -> None:
+        self._scheduled = False
+        if self.dead or self.peer is None:
+            return
+        if not self._net.reaches(self.src, self.dst):
+            self._queue.clear()  # cut: what was in flight is lost, the ends notice only by their timeouts
+            return
+        if self._net.frozen(self.src) or self._net.frozen(self.dst):
+            self._net.on_thaw(self._schedule)
+            return
+        now = self._net.loop.time() + TIME_SLACK_S  # a timer may fire a hair before its time (loop resolution)
+        while self._queue and self._queue[0][0] <= now:
+            _, data = self._queue.popleft()
+            if data is None:
+                self.peer.eof_received()
+                self.peer.connection_lost(None)
+                return
+            self.peer.data_received(data)
+        self._schedule()
+
+    def reset(self) -> None:
+        """The connection is gone (a crash): both ends see it reset."""
+        if self.dead:
+            return
+        self.dead = True
+        self._queue.clear()
+        for proto in (self._own, self.peer):
+            if proto is not None:
+                with contextlib.suppress(Exception):
+                    proto.connection_lost(ConnectionResetError("connection reset"))
+
+
+class SimNet:
+    """The network of every simulated member (build it on a :class:`VirtualLoop`, in that loop's thread)."""
+
+    def __init__(self, loop: VirtualLoop, seed: int = 0) -> None:
+        self.loop = loop
+        self.rng = random.Random(seed)
+        self.members: dict[str, _Member] = {}
+        self._pipes: list[_Pipe] = []
+        self._thawed: list[Callable[[], None]] = []
+        self.trace: list[str] = []
+        """What happened, one line per fault and per failed open (printed by a failing scenario)."""
+
+    # -- time ------------------------------------------------------------------------------------
+    def clock(self) -> float:
+        """The members' wall clock: virtual seconds since :data:`EPOCH` (safe from any thread)."""
+        return EPOCH + self.loop.time()
+
+    def note(self, line: str) -> None:
+        self.trace.append(f"t={self.loop.time():9.3f} {line}")
+
+    # -- members and faults (call on the loop's thread) ------------------------------------------
+    def add(self, name: str, lag: float = 0.0, loss: float = 0.0) -> SyncNet:
+        """A member's network; it reaches every member of group 0 (and gets their records)."""
+        member = _Member(name, lag, loss)
+        member.frozen = asyncio.Event()
+        member.frozen.set()
+        for other in self.members.values():
+            if not other.crashed and other.group == 0:
+                _merge_into(member.replica, other.replica)
+                break
+        self.members[name] = member
+        return SyncNet(SimStreams(self, name), SimRecords(self, name), SimLoop(self, name))
+
+    def partition(self, *groups: Iterable[str]) -> None:
+        """Split the members: each of ``groups`` a side (members named in none stay in group 0)."""
+        for m in self.members.values():
+            m.group = 0
+        for k, names in enumerate(groups, start=1):
+            for name in names:
+                self.members[name].group = k
+        self.note(f"partition {[sorted(g) for g in groups]}")
+
+    def heal(self) -> None:
+        """One group again; every replica takes the records of the others (the later expiry wins)."""
+        live = [m for m in self.members.values() if not m.crashed]
+        merged: dict[str, dict[str, tuple[bytes, float]]] = {}
+        for m in live:
+            m.group = 0
+            _merge_into(merged, m.replica)
+        for m in live:
+            m.replica = {k: dict(v) for k, v in merged.items()}
+        self.note("heal")
+
+    def freeze(self, name: str) -> None:
+        event = self.members[name].frozen
+        assert event is not None
+        event.clear()
+        self.note(f"freeze {name[-6:]}")
+
+    def thaw(self, name: str) -> None:
+        event = self.members[name].frozen
+        assert event is not None
+        event.set()
+        self.note(f"thaw {name[-6:]}")
+        waiting, self._thawed = self._thawed, []
+        for again in waiting:
+            again()
+
+    def crash(self, name: str) -> None:
+        member = self.members[name]
+        member.crashed = True
+        member.handlers.clear()
+        for pipe in self._pipes:
+            if name in (pipe.src, pipe.dst):
+                pipe.reset()
+        for fut in list(member.waits):
+            fut.cancel()
+        self.note(f"crash {name[-6:]}")
+
+    # -- rules -----------------------------------------------------------------------------------
+    def up(self, name: str) -> bool:
+        member = self.members.get(name)
+        return member is not None and not member.crashed
+
+    def frozen(self, name: str) -> bool:
+        event = self.members[name].frozen
+        return event is not None and not event.is_set()
+
+    def reaches(self, a: str, b: str) -> bool:
+        return self.up(a) and self.up(b) and self.members[a].group == self.members[b].group
+
+    def link_lag(self, a: str, b: str) -> float:
+        return MIN_LAG_S + self.members[a].lag + self.members[b].lag
+
+    def record_lag(self, name: str) -> float:
+        return MIN_LAG_S + self.members[name].lag
+
+    def on_thaw(self, again: Callable[[], None]) -> None:
+        self._thawed.append(again)
+
+    async def until_thawed(self, name: str) -> None:
+        event = self.members[name].frozen
+        assert event is not None
+        await event.wait()
+
+    def lost(self, name: str) -> bool:
+        loss = self.members[name].loss
+        return loss > 0 and self.rng.random() < loss
+
+    # -- streams ---------------------------------------------------------------------------------
+    def _end(self) -> tuple[asyncio.StreamReader, asyncio.StreamReaderProtocol]:
+        reader = asyncio.StreamReader(loop=self.loop)
+        return reader, asyncio.StreamReaderProtocol(reader, loop=self.loop)
+
+    async def open(self, src: str, dst: str, name: str) -> Opened:
+        await self.until_thawed(src)
+        await asyncio.sleep(self.link_lag(src, dst))
+        if not self.up(src):
+            raise Crashed(src)
+        handler = self.members[dst].handlers.get(name) if dst in self.members else None
+        why = "unreachable" if not self.reaches(src, dst) else "no handler" if handler is None else "lost"
+        if why != "lost" or self.lost(src):
+            self.note(f"open {src[-6:]} -> {dst[-6:]} failed: {why}")
+            raise ConnectionError(f"{dst[-6:]} cannot be reached")
+        assert handler is not None
+        await self.until_thawed(dst)
+        ra, pa = self._end()
+        rb, pb = self._end()
+        wa, wb = _Pipe(self, src, dst, pa), _Pipe(self, dst, src, pb)
+        wa.peer, wb.peer = pb, pa
+        pa.connection_made(wa)
+        pb.connection_made(wb)
+        self._pipes = [p for p in self._pipes if not (p.dead or p.is_closing())] + [wa, wb]
+        writer_a = asyncio.StreamWriter(wa, pa, ra, self.loop)
+        writer_b = asyncio.StreamWriter(wb, pb, rb, self.loop)
+        task = asyncio.ensure_future(handler(src, rb, writer_b))
+        task.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return Opened(ra, writer_a, None)
+
+    # -- records ---------------------------------------------------------------------------------
+    async def get(self, name: str, key: str) -> dict[Any, Any]:
+        await self.until_thawed(name)
+        await asyncio.sleep(self.record_lag(name))
+        now = self.clock()
+        live = {sk: v for sk, (v, expiry) in self.members[name].replica.get(key, {}).items() if expiry > now}
+        return live
+
+    async def store(self, name: str, key: str, subkey: str, value: bytes, ttl: float) -> bool:
+        await self.until_thawed(name)
+        await asyncio.sleep(self.record_lag(name))
+        if self.lost(name):
+            return False
+        expiry = self.clock() + ttl
+        me = self.members[name]
+        for m in self.members.values():
+            if not m.crashed and m.group == me.group:
+                m.replica.setdefault(key, {})[subkey] = (value, expiry)
+        return True
+
+
+def _merge_into(
+    dest: dict[str, dict[str, tuple[bytes, float]]], src: dict[str, dict[str, tuple[bytes, float]]]
+) -> None:
+    for key, values in src.items():
+        held = dest.setdefault(key, {})
+        for sk, (value, expiry) in values.items():
+            if sk not in held or held[sk][1] < expiry:
+                held[sk] = (value, expiry)
+
+
+class SimStreams:
+    """One member's streams on a :class:`SimNet`."""
+
+    def __init__(self, net: SimNet, me: str) -> None:
+        self._net, self._me = net, me
+
+    async def serve(self, name: str, handler: Handler) -> None:
+        self._net.members[self._me].handlers[name] = handler
+
+    async def unserve(self, name: str) -> None:
+        self._net.members[self._me].handlers.pop(name, None)
+
+    async def open(self, peer: str, name: str) -> Opened:
+        return await self._net.open(self._me, peer, name)
+
+    async def connect(self, peer: str, addrs: Sequence[str]) -> None:
+        if not self._net.reaches(self._me, peer):
+            raise ConnectionError(f"{peer[-6:]} cannot be reached")
+
+
+class SimLoop:
+    """One member's calls from its thread into the loop: while one waits, the thread counts as blocked."""
+
+    def __init__(self, net: SimNet, me: str) -> None:
+        self._net, self._me = net, me
+
+    async def _blocked(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        loop, member = self._net.loop, self._net.members[self._me]
+        loop.computing -= 1
+        task = asyncio.ensure_future(coro)
+        member.waits.add(task)
+        try:
+            if member.crashed:
+                raise Crashed(self._me)
+            await self._net.until_thawed(self._me)
+            return await asyncio.wait_for(task, timeout)
+        finally:
+            member.waits.discard(task)
+            loop.computing += 1  # before the thread wakes: the clock must not jump while it computes
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        if self._net.members[self._me].crashed:
+            coro.close()
+            raise Crashed(self._me)
+        fut = asyncio.run_coroutine_threadsafe(self._blocked(coro, timeout), self._net.loop)
+        try:
+            return fut.result()
+        except concurrent.futures.CancelledError:
+            raise Crashed(self._me) from None
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._net.loop)
+
+    def sleep(self, seconds: float) -> None:
+        self.run(asyncio.sleep(max(0.0, seconds)), max(0.0, seconds) + 1.0)
+
+
+class SimRecords:
+    """One member's record store on a :class:`SimNet` (blocking, as the DHT's is)."""
+
+    def __init__(self, net: SimNet, me: str) -> None:
+        self._net, self._me = net, me
+        self._loop = SimLoop(net, me)
+
+    def get(self, key: str, timeout: float) -> dict[Any, Any]:
+        return self._loop.run(self._net.get(self._me, key), timeout)
+
+    def store(self, key: str, subkey: str, value: bytes, ttl: float, timeout: float) -> bool:
+        return self._loop.run(self._net.store(self._me, key, subkey, value, ttl), timeout)
+
+    def addresses(self) -> list[str]:
+        return []
+
+
+def start_thread(net: SimNet, name: str, work: Callable[[], None]) -> threading.Thread:
+    """Run ``work`` (a member's sync code) on a thread counted as computing until it ends (call on the loop)."""
+    net.loop.computing += 1
+
+    def main() -> None:
+        try:
+            work()
+        except Crashed:
+            pass
+        finally:
+            net.loop.call_soon_threadsafe(_stopped, net.loop)
+
+    thread = threading.Thread(target=main, name=f"sim-{name[-6:]}", daemon=True)
+    thread.start()
+    return thread
+
+
+def _stopped(loop: VirtualLoop) -> None:
+    loop.computing -= 1
+
+
+async def joined(threads: Sequence[threading.Thread]) -> None:
+    """Wait (on the loop) until every thread ended; the clock runs while they block."""
+    while any(t.is_alive() for t in threads):
+        await asyncio.sleep(0.5)

@@ -1,0 +1,274 @@
+"""The real outer sync, whole rounds of it, on the simulated network (tests/simnet.py): no daemons.
+
+Each member is a real :class:`OuterSync` on its own thread with its own
+identity, records and journal; only the network is simulated, on one
+virtual clock, so a round of a few virtual seconds takes milliseconds and a
+fault lands exactly where the scenario puts it (at a point the round passes,
+:mod:`swarm.sync.points`, or at a virtual time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from protocol import SigningKey
+from swarm.identity import Identity
+from swarm.membership import Membership, MembershipConfig
+from swarm.sync import AbortCause, OuterSync, OuterSyncConfig, SyncReport
+from swarm.sync.points import RoundPoint
+from swarm.sync.transport import SyncNet
+from tests.simnet import EPOCH, SimNet, VirtualLoop, joined, start_thread
+
+CFG = OuterSyncConfig(
+    matchmaking_timeout_s=1.5,
+    allreduce_timeout_s=4.0,
+    chunk_timeout_s=2.0,
+    commit_timeout_s=2.0,
+    dht_timeout_s=4.0,
+    state_timeout_s=6.0,
+    poll_s=0.05,
+    ping_timeout_s=1.0,
+    direct_payloads=False,  # payloads on the simulated streams: no sockets
+)
+"""tests/sync_worker.py's timings (the daemon tests'): every wait is virtual here."""
+WALL_S = 3.0
+"""Wall-time bound on one small scenario (it takes ~0.2 s alone): a simulated round costs milliseconds, not
+its virtual seconds; the bound is loose because the machine is shared."""
+
+
+def _key(name: str) -> SigningKey:
+    return SigningKey(hashlib.sha256(name.encode()).digest())
+
+
+@dataclass
+class Member:
+    """One simulated peer: its identity, its sync's reports, and what it holds after each."""
+
+    name: str
+    key: SigningKey
+    via: str = ""
+    """The member it joined through (its ``--peer``: trusted for catch-up), "" for a founder."""
+    reports: list[SyncReport] = field(default_factory=list)
+    states: list[tuple[int, str]] = field(default_factory=list)
+    """(revision, state hash) after each round."""
+
+    @property
+    def peer(self) -> str:
+        return self.key.peer_id
+
+
+def _model() -> torch.nn.Module:
+    """The same weights on every member (revision 0 is shared), drawn from a generator of its own: the
+    members build theirs on threads at once, and the global generator would interleave their draws."""
+    model = torch.nn.Linear(6, 4)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    return model
+
+
+def _run_member(
+    member: Member,
+    net: SyncNet,
+    clock: Callable[[], float],
+    root: Path,
+    plan: Plan,
+    observe: Callable[[RoundPoint, int], None] | None = None,
+) -> None:
+    """Train a little and sync, round after round, as long as ``plan`` says."""
+    identity = Identity(member.key, root / f"{member.name}.key")
+    peers = (f"/ip4/127.0.0.1/tcp/4001/p2p/{member.via}",) if member.via else ()
+    membership = Membership(identity, MembershipConfig(swarm_id="sim", address_book=False, initial_peers=peers))
+    model = _model()
+    sync = OuterSync(membership, model, CFG, clock=clock, observe=observe, net=net)
+    gen = torch.Generator().manual_seed(int.from_bytes(member.key.seed[:4], "big"))
+    step, until = 0, clock() + plan.for_s
+    try:
+        while clock() < until and step < plan.rounds:
+            net.loop.sleep(plan.pause(clock()))
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn(p.shape, generator=gen) * 1e-3)
+            step += 1
+            member.reports.append(sync.sync_now(step))
+            member.states.append((sync.revision, sync.state_hash))
+    finally:
+        sync.close()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long each member goes on: ``rounds`` syncs at most, none begun after ``for_s`` virtual seconds,
+    each after ``train_s`` virtual seconds of training, or at the next multiple of ``period_s`` (as nodes
+    with ``sync_period_s`` do)."""
+
+    rounds: int = 1_000_000
+    for_s: float = 3600.0
+    train_s: float = 0.0
+    period_s: float = 0.0
+
+    def pause(self, now: float) -> float:
+        """How long a member trains before its next sync, at wall time ``now``."""
+        if self.period_s <= 0:
+            return self.train_s
+        return self.period_s - (now - EPOCH) % self.period_s
+
+
+def simulate(
+    root: Path,
+    names: list[str],
+    plan: Plan,
+    faults: Callable[[SimNet, dict[str, Member]], Coroutine[Any, Any, None]] | None = None,
+    observers: dict[str, Callable[[SimNet, Member], Callable[[RoundPoint, int], None]]] | None = None,
+) -> tuple[dict[str, Member], SimNet, float]:
+    """Run ``names`` syncing as ``plan`` says with ``faults`` playing beside them; the members, the network
+    and the wall seconds it took. A name ``x<y`` joins through ``y``; others through the first name."""
+    loop = VirtualLoop()
+    members: dict[str, Member] = {}
+    for spec in names:
+        name, _, via = spec.partition("<")
+        via = via if via or spec == names[0] else names[0]
+        members[name] = Member(name, _key(name), _key(via).peer_id if via and via != "-" else "")
+    observers = observers or {}
+    t0 = time.perf_counter()
+
+    async def main() -> SimNet:
+        net = SimNet(loop)
+        threads = []
+        for n, m in members.items():
+            sim = net.add(m.peer)
+            make = observers.get(n)
+            observe = make(net, m) if make is not None else None
+
+            def work(m: Member = m, sim: SyncNet = sim, observe: Any = observe) -> None:
+                _run_member(m, sim, net.clock, root, plan, observe)
+
+            threads.append(start_thread(net, m.peer, work))
+        if faults is not None:
+            await faults(net, members)
+        await joined(threads)
+        return net
+
+    try:
+        net = loop.run_until_complete(asyncio.wait_for(main(), 3600.0))
+    finally:
+        loop.close()
+    return members, net, time.perf_counter() - t0
+
+
+def _histories(members: list[Member]) -> dict[int, set[str]]:
+    """Every state hash held at each revision, across ``members``."""
+    out: dict[int, set[str]] = {}
+    for m in members:
+        for rev, h in m.states:
+            out.setdefault(rev, set()).add(h)
+    return out
+
+
+def test_three_members_commit_rounds_with_bit_identical_states(tmp_path: Path) -> None:
+    members, _, wall = simulate(tmp_path, ["a", "b", "c"], Plan(rounds=3))
+    print(f"3 members, 3 rounds: {wall:.3f} s wall")
+    for m in members.values():
+        print(m.name, [(r.revision, r.committed, r.group_size, r.cause, round(r.time - 1.7e9, 2)) for r in m.reports])
+    for m in members.values():
+        assert m.reports and all(r.committed and r.group_size == 3 for r in m.reports), m.reports
+    assert min(m.states[-1][0] for m in members.values()) >= 2
+    histories = _histories(list(members.values()))
+    assert all(len(h) == 1 for h in histories.values()), histories  # one state per revision: bit-identical
+    assert wall < WALL_S
+
+
+def test_a_member_crashed_before_voting_costs_the_survivors_one_round_not_the_vote_deadline(tmp_path: Path) -> None:
+    """c dies right after its first all-reduce: a and b see no vote from it, ping it, vote abort and end the
+    round at once (within the ping timeout, far before the vote deadline); their next rounds commit as two."""
+
+    def crash_c(net: SimNet, m: Member) -> Callable[[RoundPoint, int], None]:
+        def observe(point: RoundPoint, revision: int) -> None:
+            if point is RoundPoint.ALLREDUCED and revision == 0:
+                net.loop.call_soon_threadsafe(net.crash, m.peer)
+
+        return observe
+
+    members, net, wall = simulate(tmp_path, ["a", "b", "c"], Plan(rounds=4), observers={"c": crash_c})
+    a, b, c = members["a"], members["b"], members["c"]
+    print(f"crash before voting: {wall:.3f} s wall\n" + "\n".join(net.trace))
+    assert not c.reports  # crashed inside its first round
+    # one finds c gone and votes abort; the other ends on that vote, or on finding c gone itself
+    causes = {m.reports[0].cause for m in (a, b)}
+    assert AbortCause.MEMBER_LOST in causes and causes <= {AbortCause.MEMBER_LOST, AbortCause.ABORTED_BY_MEMBER}
+    for m in (a, b):
+        first, later = m.reports[0], m.reports[1:]
+        assert not first.committed, first
+        assert first.sync_s < CFG.matchmaking_timeout_s + CFG.allreduce_timeout_s, first.sync_s
+        assert later and all(r.committed and r.group_size == 2 for r in later), later
+    assert all(len(h) == 1 for h in _histories([a, b]).values())
+    assert wall < WALL_S
+
+
+def test_a_member_crashed_mid_allreduce_fails_the_round_for_all_and_the_rest_go_on(tmp_path: Path) -> None:
+    """c dies once its own slice is reduced: the all-reduce fails on a and b (nobody commits a round with a
+    missing slice), and their next rounds commit as two, bit-identical."""
+
+    def crash_c(net: SimNet, m: Member) -> Callable[[RoundPoint, int], None]:
+        def observe(point: RoundPoint, revision: int) -> None:
+            if point is RoundPoint.REDUCED and revision == 0:
+                net.crash(m.peer)  # the reduction runs on the loop: crash it there and then
+
+        return observe
+
+    members, net, wall = simulate(tmp_path, ["a", "b", "c"], Plan(rounds=4), observers={"c": crash_c})
+    a, b = members["a"], members["b"]
+    print(f"crash mid all-reduce: {wall:.3f} s wall\n" + "\n".join(net.trace))
+    for m in (a, b):
+        first, later = m.reports[0], m.reports[1:]
+        assert not first.committed and first.revision == 0, first
+        assert later and all(r.committed and r.group_size == 2 for r in later), later
+    assert all(len(h) == 1 for h in _histories([a, b]).values())
+    assert wall < WALL_S
+
+
+def test_islands_of_a_partition_that_heals_merge_into_the_larger_history(tmp_path: Path) -> None:
+    """{a, b, c} and {d, e} cannot reach each other for 20 virtual s: each island commits a history of its
+    own. Once the partition heals, d and e merge into the larger one; from then on one history, and every
+    member of it holds the same state at every revision it reaches."""
+    names = ["a", "b", "c", "d<-", "e<d"]  # d founds the second island
+    heal_at = 20.0
+
+    async def split_then_heal(net: SimNet, members: dict[str, Member]) -> None:
+        net.partition([members[n].peer for n in "abc"], [members[n].peer for n in "de"])
+        await asyncio.sleep(heal_at)
+        net.heal()
+
+    members, net, wall = simulate(tmp_path, names, Plan(for_s=heal_at + 60.0, train_s=2.0), split_then_heal)
+    print(f"partition healing: {wall:.3f} s wall\n" + "\n".join(net.trace))
+    big, small = [members[n] for n in "abc"], [members[n] for n in "de"]
+    origins_before = {m.reports[0].origin for m in big} | {m.reports[0].origin for m in small}
+    assert all(m.reports[0].committed for m in big + small)
+    assert len(origins_before) == 2  # two islands, two histories
+    finals = {m.name: (m.reports[-1].origin, m.states[-1]) for m in big + small}
+    assert len({o for o, _ in finals.values()}) == 1, finals  # one history at the end
+    assert any(r.merged for m in small for r in m.reports), "d and e merged"
+    assert not any(r.merged for m in big for r in m.reports)
+    final_origin = next(iter(finals.values()))[0]
+    same = [m for m in big + small]
+    by_rev: dict[int, set[str]] = {}
+    for m in same:
+        for r in m.reports:
+            if r.origin == final_origin:
+                by_rev.setdefault(r.revision, set()).add(r.state_hash)
+    assert all(len(h) == 1 for h in by_rev.values()), by_rev
+    assert wall < 5 * WALL_S  # 5 members, 80 virtual s
+
+
+def test_a_member_alone_finds_no_partner(tmp_path: Path) -> None:
+    members, _, _ = simulate(tmp_path, ["solo"], Plan(for_s=3.0))
+    assert all(not r.committed for r in members["solo"].reports)
