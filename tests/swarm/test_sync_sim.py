@@ -272,3 +272,29 @@ def test_islands_of_a_partition_that_heals_merge_into_the_larger_history(tmp_pat
 def test_a_member_alone_finds_no_partner(tmp_path: Path) -> None:
     members, _, _ = simulate(tmp_path, ["solo"], Plan(for_s=3.0))
     assert all(not r.committed for r in members["solo"].reports)
+
+
+def test_a_member_frozen_mid_round_is_left_behind_and_catches_up_after_it_resumes(tmp_path: Path) -> None:
+    """c stops (SIGSTOP-like) once its group is decided, for 10 virtual s: a and b give that round up
+    (nobody commits a round c may not apply) and commit on as two; c resumes behind, catches up to their
+    state from a partner and syncs with them again, on their history."""
+
+    def freeze_c(net: SimNet, m: Member) -> Callable[[RoundPoint, int], None]:
+        def observe(point: RoundPoint, revision: int) -> None:
+            if point is RoundPoint.MATCHMADE and revision == 1:
+                net.loop.call_soon_threadsafe(net.freeze, m.peer)
+                net.loop.call_soon_threadsafe(net.loop.call_later, 10.0, net.thaw, m.peer)
+
+        return observe
+
+    plan = Plan(for_s=40.0, period_s=3.0)
+    members, net, wall = simulate(tmp_path, ["a", "b", "c"], plan, observers={"c": freeze_c})
+    a, b, c = members["a"], members["b"], members["c"]
+    print(f"freeze mid round: {wall:.3f} s wall\n" + "\n".join(net.trace))
+    frozen_round = next(r for r in a.reports if not r.committed)  # a report names the revision it ended at
+    assert frozen_round.revision == 1 and frozen_round.group_size == 3, a.reports
+    assert any(r.committed and r.group_size == 2 for r in a.reports), a.reports
+    assert any(r.caught_up for r in c.reports), c.reports
+    assert c.reports[-1].committed and c.reports[-1].group_size == 3, c.reports
+    assert all(len(h) == 1 for h in _histories([a, b, c]).values())  # never a second state at one revision
+    assert wall < 2 * WALL_S
