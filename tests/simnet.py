@@ -11,7 +11,10 @@ with autojump, or a looptime loop, does); otherwise it waits for real, and
 the virtual clock stands still. A member's sync runs on its own thread, as
 a node's does, and every call it makes into the network (a record read or
 store, a stream round, a sleep) is a coroutine on the loop: while a thread
-waits there it counts as blocked, so the clock may jump.
+waits there it counts as blocked, so the clock may jump. The loop and the
+threads take turns (one runs at a time, threads woken in the order their
+calls ended, executor jobs waited for), so a scenario plays the same events
+every time it runs.
 
 Faults are rules of the network, never of the sync:
 
@@ -91,9 +94,12 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         super().__init__(selector)
         selector.loop = self
         self._now = 0.0
+        self._turns = threading.Condition()
         self.computing = 0
-        """Member threads running outside the loop (counted on the loop's thread only)."""
-        self._jobs = 0
+        """Member threads running outside the loop, and executor jobs out (under ``_turns``)."""
+        self._woken: collections.deque[tuple[concurrent.futures.Future[Any], asyncio.Future[Any]]]
+        self._woken = collections.deque()
+        """Member threads whose call into the loop ended, in the order they ended: woken one at a time."""
 
     def time(self) -> float:
         return self._now
@@ -102,16 +108,49 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self._now += max(0.0, seconds)
 
     def busy(self) -> bool:
-        return self.computing > 0 or self._jobs > 0
+        return self.computing > 0 or bool(self._woken)
+
+    # -- turns: the loop and the member threads never run at once, so a seed replays the same events
+    def begin(self) -> None:
+        """A thread (a member's, an executor job) starts running outside the loop."""
+        with self._turns:
+            self.computing += 1
+
+    def end(self) -> None:
+        """That thread waits for the loop (or is done): the loop may go on."""
+        with self._turns:
+            self.computing -= 1
+            self._turns.notify_all()
+
+    def wake_later(self, fut: concurrent.futures.Future[Any], task: asyncio.Future[Any]) -> None:
+        """``task`` is the end of a member thread's call: hand it ``fut``'s outcome at its turn."""
+        self._woken.append((fut, task))
+
+    def _run_once(self) -> None:
+        with self._turns:
+            while self.computing > 0:
+                self._turns.wait(BUSY_POLL_S)
+        if self._woken:  # one thread at a time, in the order their calls ended
+            fut, task = self._woken.popleft()
+            self.begin()
+            if task.cancelled():
+                fut.cancel()
+            elif task.exception() is not None:
+                fut.set_exception(task.exception())
+            else:
+                fut.set_result(task.result())
+            return
+        super()._run_once()  # type: ignore[misc]
 
     def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:  # type: ignore[override]
-        self._jobs += 1
-        fut = super().run_in_executor(executor, func, *args)
-        fut.add_done_callback(lambda _: self._job_done())
-        return fut
+        def job() -> T:
+            try:
+                return func(*args)
+            finally:
+                self.end()
 
-    def _job_done(self) -> None:
-        self._jobs -= 1
+        self.begin()
+        return super().run_in_executor(executor, job)
 
 
 @dataclass
@@ -414,8 +453,7 @@ class SimLoop:
         self._net, self._me = net, me
 
     async def _blocked(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        loop, member = self._net.loop, self._net.members[self._me]
-        loop.computing -= 1
+        member = self._net.members[self._me]
         task = asyncio.ensure_future(coro)
         member.waits.add(task)
         try:
@@ -425,13 +463,19 @@ class SimLoop:
             return await asyncio.wait_for(task, timeout)
         finally:
             member.waits.discard(task)
-            loop.computing += 1  # before the thread wakes: the clock must not jump while it computes
+
+    def _start(self, coro: Coroutine[Any, Any, T], timeout: float, fut: concurrent.futures.Future[T]) -> None:
+        task = asyncio.ensure_future(self._blocked(coro, timeout))
+        task.add_done_callback(lambda t: self._net.loop.wake_later(fut, t))
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         if self._net.members[self._me].crashed:
             coro.close()
             raise Crashed(self._me)
-        fut = asyncio.run_coroutine_threadsafe(self._blocked(coro, timeout), self._net.loop)
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        loop = self._net.loop
+        loop.call_soon_threadsafe(self._start, coro, timeout, fut)
+        loop.end()  # the loop's turn; this thread's comes back when the call ended (VirtualLoop._run_once)
         try:
             return fut.result()
         except concurrent.futures.CancelledError:
@@ -463,7 +507,7 @@ class SimRecords:
 
 def start_thread(net: SimNet, name: str, work: Callable[[], None]) -> threading.Thread:
     """Run ``work`` (a member's sync code) on a thread counted as computing until it ends (call on the loop)."""
-    net.loop.computing += 1
+    net.loop.begin()
 
     def main() -> None:
         try:
@@ -471,15 +515,11 @@ def start_thread(net: SimNet, name: str, work: Callable[[], None]) -> threading.
         except Crashed:
             pass
         finally:
-            net.loop.call_soon_threadsafe(_stopped, net.loop)
+            net.loop.end()
 
     thread = threading.Thread(target=main, name=f"sim-{name[-6:]}", daemon=True)
     thread.start()
     return thread
-
-
-def _stopped(loop: VirtualLoop) -> None:
-    loop.computing -= 1
 
 
 async def joined(threads: Sequence[threading.Thread]) -> None:

@@ -10,8 +10,9 @@ on tests/simnet.py. Every run is checked against the sync's invariants:
 - once the faults are over and two members are live and connected, they commit again (but a founder
   kept from its first commit by a fault: it trusts no one, as a stranger's claim must not move it).
 
-A failing seed prints the scenario and the network's event trace; the same seed draws the same
-scenario again (the members' threads can interleave differently, the faults cannot).
+A failing seed prints the scenario, the network's event trace and every member's rounds; the same seed
+plays the same events again, to the virtual millisecond (the loop and the members' threads take turns:
+tests/simnet.py), so a failure found here replays under a debugger.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ for good (seed 16): it catches up to the state its partners just left, gathers a
 they commit the next, and no window waits for it."""
 SETTLE_S = 8.0
 """Virtual seconds after the last fault ends within which live, connected members commit again."""
-FAST_SEEDS = 16
+FAST_SEEDS = 32
 """Seeds the fast tier runs (the slow tier runs :data:`SLOW_SEEDS`)."""
 SLOW_SEEDS = 200
 LOSS = 0.2
@@ -171,7 +172,8 @@ def run_seed(root: Path, seed: int) -> tuple[Scenario, list[str], str]:
 
 
 def _short(r: Any) -> str:
-    return f"{r.revision}{'+' if r.committed else '-' + (r.cause.value if r.cause else r.outcome.value)}"
+    how = "+" if r.committed else "-" + (r.cause.value if r.cause else r.outcome.value)
+    return f"{r.revision}{how}@{r.time - EPOCH:.3f}"
 
 
 def _campaign(root: Path, seeds: range) -> None:
@@ -187,6 +189,12 @@ def test_fault_campaign_fast_tier(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_fault_campaign(tmp_path: Path) -> None:
     _campaign(tmp_path, range(FAST_SEEDS, FAST_SEEDS + SLOW_SEEDS))
+
+
+def test_a_seed_replays_the_same_events(tmp_path: Path) -> None:
+    for seed in (3, 9):  # a crash, a freeze and a partition among them
+        first, again = run_seed(tmp_path / f"{seed}a", seed)[2], run_seed(tmp_path / f"{seed}b", seed)[2]
+        assert first == again, f"seed {seed} played differently:\n{first}\n---\n{again}"
 
 
 def test_a_seed_draws_the_same_scenario_again() -> None:
