@@ -41,7 +41,7 @@ SETTLE_S = 8.0
 """Virtual seconds after the last fault ends within which live, connected members commit again."""
 FAST_SEEDS = 32
 """Seeds the fast tier runs (the slow tier runs :data:`SLOW_SEEDS`)."""
-SLOW_SEEDS = 200
+SLOW_SEEDS = 100
 LOSS = 0.2
 """The chance that one stream open or record store fails during a loss fault."""
 
