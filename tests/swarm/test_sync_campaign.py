@@ -34,9 +34,9 @@ RUN_S = 20.0
 """Virtual seconds each scenario's members go on syncing."""
 PERIOD_S = 3.0
 """Members sync on virtual-time epochs of this many seconds (``sync_period_s``). Each on its own pace
-instead (train 0.5 s, sync), a member frozen at the start and caught up later trails one revision behind
-for good (seed 16): it catches up to the state its partners just left, gathers alone for a window while
-they commit the next, and no window waits for it."""
+instead (``Plan(train_s=0.5)``: train, sync, again), a member frozen at the start and caught up later
+trails one revision behind for good (seed 16 shows it): it catches up to the state its partners just
+left, gathers alone for a window while they commit the next, and no window waits for it."""
 SETTLE_S = 8.0
 """Virtual seconds after the last fault ends within which live, connected members commit again."""
 FAST_SEEDS = 32
