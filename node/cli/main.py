@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     from node.cli.demo import add_demo_parser
 
     add_demo_parser(sub)
+    from node.cli.export import add_export_parser
+
+    add_export_parser(sub)
     return parser
 
 
@@ -121,6 +124,7 @@ COMMANDS = {
     "experiment": "node.cli.experiment:run_experiment_cli",
     "eval": "node.cli.evaluate:run_eval",
     "demo": "node.cli.demo:run_demo",
+    "export": "node.cli.export:run_export",
 }
 
 
