@@ -43,9 +43,9 @@ def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def test_every_choice_but_none_has_a_backend() -> None:
+def test_every_choice_but_none_has_a_backend(tmp_path: Path) -> None:
     assert REPORT_TO[0] == "none" and NodeOptions().report_to == "none"  # off by default
-    assert metrics_writer(Path("unused") / "m.jsonl", "none", "n", "g").__class__ is MetricsWriter
+    assert metrics_writer(tmp_path / "m.jsonl", "none", "n", "g").__class__ is MetricsWriter
 
 
 def test_a_feed_logs_rounds_and_evaluations_at_their_round_and_counts_syncs() -> None:
