@@ -70,13 +70,14 @@ def quiet_libraries(verbose: int) -> None:
     Installed before the DHT process is forked, so that process (where p2pd's lines are logged) has them
     too. At ``-vv`` everything is shown.
     """
-    if verbose >= 2:
-        return
-    warnings.filterwarnings("ignore", message=f"{TRANSFORMERS_CACHE_RENAME} is deprecated", category=FutureWarning)
     for name, text in ((P2PD_LOGGER, P2PD_LEAVING), ("transformers.utils.generic", TRANSFORMERS_CACHE_RENAME)):
         logger = logging.getLogger(name)
-        if not any(isinstance(f, DropMessage) and f.text == text for f in logger.filters):
+        for old in [f for f in logger.filters if isinstance(f, DropMessage)]:
+            logger.removeFilter(old)  # configured again (tests, a second command): the new -v count decides
+        if verbose < 2:
             logger.addFilter(DropMessage(text))
+    if verbose < 2:
+        warnings.filterwarnings("ignore", message=f"{TRANSFORMERS_CACHE_RENAME} is deprecated", category=FutureWarning)
 
 
 def configure_logging(verbose: int) -> None:
