@@ -357,6 +357,7 @@ class Chaos:
         cmd += ["--ready-file", str(m.ready_file), "--seed", str(len(self.members) + m.incarnation)]
         cmd += [*self.cfg.node_args, *self.cfg.node_args_more, "--sync-every", str(self.cfg.sync_every)]
         cmd += ["--checkpoint-every", str(self.cfg.checkpoint_every), *(["--resume"] if resume else [])]
+        cmd += ["-v"]  # a line per round: bench/chaos_dials.py tells a live donor from its log's line times
         log = self.cfg.out / "logs" / f"{m.name}.{m.incarnation}.log"
         m.proc = self.procs.start(f"{m.name}.{m.incarnation}", cmd, log=log)
         m.cause, m.ready, m.termed_at, m.stopped_until, m.recorded = Cause.NONE, None, None, None, False
