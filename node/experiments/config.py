@@ -91,8 +91,8 @@ class ExperimentConfig:
     aggregator: str = node_option("aggregator")
     warm_start_steps: int = node_option("warm_start_steps")
     eval_every: int = option(
-        20, "Rounds between held-out evaluations of every node (0: off; a node's default is off, a sweep's "
-        "tables compare held-out accuracy).", group=EVAL, min=0,
+        20, "Rounds between held-out evaluations of every node (0: off; a sweep's tables compare held-out accuracy, "
+        "so it evaluates more often than a node's default).", group=EVAL, min=0,
     )  # fmt: skip
     eval_items: int = option(64, "Held-out questions per task family.", group=EVAL, min=1, max=4096)
     eval_samples: int = option(
