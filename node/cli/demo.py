@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import os
 import shutil
 import signal
 import subprocess
@@ -30,7 +29,6 @@ from node.cli.flags import add_option_flags
 from node.core.options import DASHBOARD, option
 
 DEMO = "demo"
-STOP_GRACE_S = 60.0
 PROGRESS_EVERY_S = 15.0
 
 
@@ -206,17 +204,6 @@ def _by_index(run_dir: Path, result: Any) -> dict[int, Any]:
     return {peers[n.peer]: n for n in result.nodes if n.peer in peers}
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM a ``local`` process (it stops its nodes); SIGKILL its whole session if it lingers."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-
-
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -225,7 +212,7 @@ def _run_both(cfg: Any, runs: list[Any], out: Path) -> dict[str, Any]:
     """Start both arms' ``swarm-node local`` at once, print progress every 15 s, stop both on any exit; the
     finished arms' results by label (an arm that failed is missing)."""
     from node.experiments.results import load_run
-    from node.experiments.sweep import local_command, rounds_done
+    from node.experiments.sweep import local_command, rounds_done, stop_local
 
     procs: dict[str, subprocess.Popen[bytes]] = {}
     t0 = last = time.monotonic()
@@ -245,7 +232,7 @@ def _run_both(cfg: Any, runs: list[Any], out: Path) -> dict[str, Any]:
                 print(f"  node-rounds: {shown}", flush=True)
     finally:
         for p in procs.values():
-            _stop(p)
+            stop_local(p)
     wall = time.monotonic() - t0
     results = {r.label: load_run(out / r.name, r.label, r.split, r.seed, wall) for r in runs}
     return {k: v for k, v in results.items() if procs[k].returncode == 0 and len(v.nodes) == cfg.nodes}

@@ -208,7 +208,7 @@ def rounds_done(run_dir: Path) -> int:
     return sum(len({e.get("round") for e in read_events(p, "round")}) for p in run_dir.glob("*/metrics.jsonl"))
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_local(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the ``local`` process (it stops its nodes), then SIGKILL its session if it lingers."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -248,7 +248,7 @@ def execute_run(cfg: ExperimentConfig, run: Run, out: Path, on_poll: Callable[[i
                 loads.append(os.getloadavg()[0])
                 time.sleep(0.5)
         finally:
-            _stop(proc)
+            stop_local(proc)
             load = RunLoad.of(loads, time.monotonic() - t0)
             load = before.then(load) if before is not None else load
             write_atomic(run_dir / LOAD, json.dumps(asdict(load)))  # an interrupted part's too: the next adds to it
