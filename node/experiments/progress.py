@@ -73,7 +73,7 @@ class SweepProgress:
         if self._progress is not None and self._sweep is not None:
             self._progress.update(self._sweep, completed=self._done_before)
         what = "already finished, skipped" if skipped else "ended"
-        if self._progress is not None:
-            self._progress.console.log(f"{name}: {what}")
+        if self._progress is not None:  # print, not rich's log: a line of results carries no source link
+            self._progress.console.print(f"{name}: {what}")
         else:
             logger.info("%s: %s (%d/%d node-rounds of the sweep)", name, what, self._done_before, self.total)
