@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from node.core.options import LocalOptions, check_options, to_argv
 from node.experiments.config import ExperimentConfig
@@ -59,7 +60,7 @@ from node.experiments.results import (
     sync_of,
 )
 from node.observe.metrics import read_events
-from node.training.offpolicy import OffPolicyConfig
+from node.training.offpolicy import OBJECTIVES, OffPolicyConfig
 
 logger = logging.getLogger(__name__)
 
@@ -176,19 +177,28 @@ def local_options(cfg: ExperimentConfig, run: Run, run_dir: Path, resume: bool =
     (None: the node's default); the run's place in the sweep sets the rest. ``resume``: every node goes
     on from its last checkpoint in ``run_dir``.
     """
-    objective = OffPolicyConfig.preset(run.objective)
     shared = {f.name for f in fields(LocalOptions)} & {f.name for f in fields(ExperimentConfig)}
     values = {n: getattr(cfg, n) for n in sorted(shared - PER_RUN) if getattr(cfg, n) is not None}
     if not run.sync_every:
         values = {n: v for n, v in values.items() if n not in SYNCED_ONLY}
     opts = LocalOptions(
-        **values | {"models": ",".join(cfg.models), "tasks": tuple(cfg.tasks)},
+        **values | {"models": ",".join(cfg.models), "tasks": tuple(cfg.tasks)} | objective_options(run.objective),
         local_groups=run.local, external_groups=run.external, sampling=run.sampling, seed=run.seed,
         sync_every=run.sync_every, log_dir=str(run_dir), swarm_id=f"exp-{run.label}-{run.local}-{run.seed}",
-        no_dashboard=True, min_token_logp=objective.min_token_logp, is_cap=objective.is_cap,
-        baseline=objective.baseline, resume=resume,
+        no_dashboard=True, resume=resume,
     )  # fmt: skip
     return opts
+
+
+def objective_options(name: str) -> dict[str, Any]:
+    """The node options of an objective: every field its preset (:data:`OBJECTIVES`) names.
+
+    All of them, not a chosen few, so that a preset's new field reaches the nodes without a change here; the
+    fields it does not name keep the sweep's value or the node's default.
+    """
+    preset = OffPolicyConfig.preset(name)  # validates the name
+    named = {f.name for f in fields(LocalOptions)}
+    return {key: getattr(preset, key) for key in OBJECTIVES[name] if key in named}
 
 
 def check_sweep(cfg: ExperimentConfig) -> None:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from node.cli.experiment import config_from_args
+from node.cli.local import child_argv
 from node.cli.main import build_parser
+from node.core.assemble import node_configs
+from node.core.options import LocalOptions, NodeOptions, options_from
 from node.experiments.config import ExperimentConfig
 from node.experiments.parts import RunLoad, load_line, resumable
 from node.experiments.results import (
@@ -35,6 +39,7 @@ from node.experiments.results import (
 )
 from node.experiments.sweep import Run, is_finished, labels, local_command, plan_runs, write_atomic
 from node.observe.metrics import MetricsWriter
+from node.training.offpolicy import OBJECTIVES, OffPolicyConfig
 
 
 def node(curve: list[float], model: str = "tiny-s", ext: int = 0) -> NodeResult:
@@ -387,3 +392,18 @@ def test_the_sweep_names_the_checkpoint_files_a_node_writes() -> None:
     from node.experiments.parts import CHECKPOINT_FILES
 
     assert CHECKPOINT_FILES == (checkpoint.CURRENT, checkpoint.PREVIOUS)
+
+
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
+def test_each_objective_reaches_the_nodes_trainer_config(tmp_path: Path, objective: str) -> None:
+    # the whole way a run's objective travels: sweep -> local's flags -> a node's flags -> its OffPolicyConfig
+    cfg = ExperimentConfig(objectives=(objective,), splits=("4/4",))
+    run = next(r for r in plan_runs(cfg) if r.external)
+    local_args = build_parser().parse_args(local_command(cfg, run, tmp_path)[3:])
+    node_args = build_parser().parse_args(child_argv(local_args, 0, "tiny-m", tmp_path, []))
+    _, parts = node_configs(options_from(NodeOptions, node_args), "127.0.0.1", 0)
+    preset = OffPolicyConfig.preset(objective)
+    assert set(OBJECTIVES[objective]) <= {f.name for f in fields(LocalOptions)}, "a preset field no node option sets"
+    assert {k: getattr(parts.offpolicy, k) for k in OBJECTIVES[objective]} == {
+        k: getattr(preset, k) for k in OBJECTIVES[objective]
+    }
