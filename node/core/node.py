@@ -45,6 +45,7 @@ from node.training.evaluate import EvalResult, eval_sets, evaluate, short_sets
 from node.training.grpo import GRPOTrainer
 from node.training.models import check_model_name, load_model
 from node.training.policy import Policy
+from node.training.share import ShareControl
 from node.training.tokenizer import max_token_chars
 from node.training.warmstart import warm_start
 from protocol import RolloutBatch, RolloutGroup, short_id
@@ -97,6 +98,9 @@ class Node:
         self.pool: ExternalPool[TrainGroup] = ExternalPool(cfg.pool_capacity)
         self.sampler_rng = random.Random(cfg.seed)
         self.credit = SourceCredit()
+        off = self.parts.offpolicy
+        self.share = ShareControl(cfg.external_groups, off.share_threshold)  # fixed at J unless adaptive_share
+        self._share_slots = cfg.external_groups  # peers' slots of the round under way
         self._tag = "------"
         self.metrics: MetricsWriter | None = None
         self.sync: Sync | None = None
@@ -329,7 +333,10 @@ class Node:
         self.round += 1
         CONTEXT.round = self.round
         t0 = self.clock.monotonic()
-        items = self.task_mix.sample(self.round, self.cfg.local_groups)
+        adaptive = self.parts.offpolicy.adaptive_share
+        taken = self._share_slots = self.share.taken if adaptive else self.cfg.external_groups
+        # a slot peers' groups give back is one more group of this node's own: equal groups trained per round
+        items = self.task_mix.sample(self.round, self.cfg.local_groups + self.cfg.external_groups - taken)
         self._request_collect()
         local = self._generate_local(items)
         # pacing (min_generate_s): a tiny model in a local swarm stands in for a bigger one, so the swarm keeps
@@ -347,8 +354,11 @@ class Node:
         useful = self.trainer.has_signal  # what "advantage" sampling prefers: groups that would move this policy
         order = self._credit_order if self.cfg.sampling == "credit" else None
         quota = int(self.cfg.max_source_share * self.cfg.local_groups * self.cfg.num_generations)
-        external = self.pool.take(self.cfg.external_groups, self.cfg.sampling, self.sampler_rng, useful, order, quota)
-        stats = self.trainer.step(local + external, done=self.round - 1)
+        external = self.pool.take(taken, self.cfg.sampling, self.sampler_rng, useful, order, quota)
+        probe = self.pool.take(self.share.probe(), self.cfg.sampling, self.sampler_rng, useful, order, quota)
+        stats = self.trainer.step(local + external, done=self.round - 1, probe=probe)
+        if self.parts.offpolicy.adaptive_share:
+            self.share.observe(stats.get("share"))
         if stats.get("alignment"):
             self.credit.observe(stats["alignment"], {g.source_peer: g.source_model for g in external})
         n_dropped = int(stats.get("n_dropped", 0))
@@ -458,6 +468,8 @@ class Node:
             grad_local=stats.get("grad_local"),
             grad_external=stats.get("grad_external"),
             grad_cos=stats.get("grad_cos"),
+            share_taken=self._share_slots if self.parts.offpolicy.adaptive_share else None,
+            share_value=self.share.value() if self.parts.offpolicy.adaptive_share else None,
             source_credit=self.credit.per_model() if self.cfg.sampling == "credit" else {},
             **dataclasses.asdict(resources.sample()),
         )

@@ -201,6 +201,15 @@ class NodeOptions:
         "(their negative advantages become 0); measured on four architectures in docs/EXPERIMENTS.md",
         group=OFFPOLICY, flag="--external-successes-only", inherit=True,
     )  # fmt: skip
+    adaptive_share: bool = option(
+        False, "measure each step what a peer's group moves this node's own objective against one of its own, and "
+        "give a slot of --external back to its own groups (one more generated) while peers' do less",
+        group=OFFPOLICY, inherit=True,
+    )  # fmt: skip
+    share_threshold: float = option(
+        1.0, "--adaptive-share keeps peers' groups while one moves this node's objective at least this many times "
+        "as far as one of its own", group=OFFPOLICY, inherit=True, above=0, max=10,
+    )  # fmt: skip
     gradient_checkpointing: bool = option(
         False,
         "recompute activations in the backward pass: less memory for a real LM, ~1/3 more training time",

@@ -103,6 +103,8 @@ class RoundRecord:
     grad_local: float | None = None
     grad_external: float | None = None
     grad_cos: float | None = None
+    share_taken: int | None = None
+    share_value: float | None = None
     source_credit: dict[str, float] = field(default_factory=dict)
     refused_from: dict[str, int] = field(default_factory=dict)
     rss_mb: float | None = None

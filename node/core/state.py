@@ -12,6 +12,7 @@ from node.observe.logs import CONTEXT
 from node.training.adapters import adapter_identity, load_trainable_state, trainable_state
 from node.training.grpo import GRPOTrainer
 from node.training.policy import Policy
+from node.training.share import ShareControl
 
 
 class Checkpointable(Protocol):
@@ -24,6 +25,7 @@ class Checkpointable(Protocol):
     round: int
     sampler_rng: random.Random
     credit: SourceCredit
+    share: ShareControl
 
     @property
     def run_dir(self) -> Path: ...
@@ -55,6 +57,7 @@ def capture(node: Checkpointable) -> dict[str, Any]:
             "baseline": dict(node.trainer.baseline.means),
             "publishers": dict(node.credit.publishers),
             "models": dict(node.credit.models),
+            "share": node.share.state(),
         },
     }
 
@@ -83,6 +86,8 @@ def restore(node: Checkpointable, state: dict[str, Any]) -> None:
         table = getattr(node.credit, name)
         for key, value in learned.get(name, {}).items():
             table.fold(key, float(value), 0.0)
+    if "share" in learned:
+        node.share.restore(learned["share"])
     node.round = CONTEXT.round = int(state["round"])
 
 

@@ -47,6 +47,7 @@ from node.training.offpolicy import (
 )
 from node.training.policy import Policy
 from node.training.schedule import LR_SCHEDULES, scheduled_lr
+from node.training.share import PROBE, PartGradients, ShareSample, set_flat_grad, share_sample
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +138,9 @@ def bounded_mass(advantages: Sequence[float], most: float = 1.0) -> list[float]:
     mass = sum(abs(a) for a in advantages) / max(len(advantages), 1)
     return list(advantages) if mass <= most else [a * most / mass for a in advantages]
 
+
+PART_ORDER = {"a": 0, "b": 1, "e": 2, PROBE: 3}
+"""The order of the share measure's parts in a step (:meth:`GRPOTrainer._chunks`)."""
 
 INFORMATIVE = 1e-6
 """An advantage of at most this size moves nothing: its row is not informative."""
@@ -257,6 +261,26 @@ class Row:
     claimed_logp: float | None = None  # the publisher's sequence log-prob (external rows)
     source: str = "local"  # diagnostics key: "local" or "ext:<model>"
     unit: str = "local"  # gradient unit: "local" or the publisher's peer id
+    part: str = ""  # the share measure's part (node.training.share): a, b (own halves), e (peers'), probe
+
+
+def share_parts(own_and_peers: Sequence[TrainGroup], probing: Sequence[TrainGroup]) -> dict[int, str]:
+    """Each group's share-measure part by id: own groups alternately ``a`` and ``b``, peers' ``e``, probe's
+    :data:`~node.training.share.PROBE`."""
+    own = [g for g in own_and_peers if not g.external]
+    parts = {id(g): "ab"[i % 2] for i, g in enumerate(own)}
+    parts |= {id(g): "e" for g in own_and_peers if g.external}
+    return parts | {id(g): PROBE for g in probing}
+
+
+def measured_share(parts: PartGradients, labels: dict[int, str]) -> ShareSample | None:
+    """One step's :class:`~node.training.share.ShareSample` from its parts' gradients and group counts."""
+    counts = Counter(labels.values())
+    like = next(iter(parts.grads.values()))
+    peer = "e" if counts["e"] else PROBE
+    return share_sample(
+        parts.part("a", like), parts.part("b", like), parts.part(peer, like), counts["a"], counts["b"], counts[peer]
+    )
 
 
 class GRPOTrainer:
@@ -280,6 +304,7 @@ class GRPOTrainer:
         self.cfg = cfg or GRPOConfig()
         self.offpolicy = offpolicy or OffPolicyConfig()
         self.diagnose = diagnose
+        self.measure_share = self.offpolicy.adaptive_share
         self.baseline = FamilyBaseline(self.offpolicy.baseline_momentum)
         self.own_logp = OwnLikelihood()
         self._warned_share = False
@@ -322,14 +347,16 @@ class GRPOTrainer:
         """Whether any of the group's advantages is non-zero (only then does it move the policy)."""
         return any(abs(a) > 1e-6 for a in self.advantages(group))
 
-    def _rows(self, groups: Sequence[TrainGroup]) -> list[Row]:
+    def _rows(self, groups: Sequence[TrainGroup], parts: dict[int, str] | None = None) -> list[Row]:
+        """The groups' rows; ``parts`` labels each group's rows for the share measure (by the group's id)."""
         rows: list[Row] = []
         for g in groups:
             claims = g.behaviour_logprobs or (None,) * len(g.completions)
             key = source_key(g)
+            part = (parts or {}).get(id(g), "")
             for c, a, lp in zip(g.completions, self.advantages(g), claims, strict=True):
                 unit = g.source_peer if g.external else "local"
-                rows.append(Row(g.prompt, c, a, g.external, lp if g.external else None, key, unit))
+                rows.append(Row(g.prompt, c, a, g.external, lp if g.external else None, key, unit, part))
         return rows
 
     def _token_logps(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
@@ -410,10 +437,15 @@ class GRPOTrainer:
         old: list[Tensor] | None,
         ref: list[Tensor] | None,
         diag: StepDiagnostics | None = None,
+        parts: PartGradients | None = None,
     ) -> tuple[float, int, float]:
-        """One optimiser step over all chunks; returns (loss, clipped tokens, grad norm)."""
+        """One optimiser step over all chunks; returns (loss, clipped tokens, grad norm).
+
+        With ``parts`` each part's gradient is recorded (:class:`~node.training.share.PartGradients`), and the
+        :data:`~node.training.share.PROBE` part's, scored last, is taken back out before the step.
+        """
         with self._gradient_passes():
-            return self._update_inner(chunks, norm, old, ref, diag)
+            return self._update_inner(chunks, norm, old, ref, diag, parts)
 
     @contextlib.contextmanager
     def _gradient_passes(self) -> Iterator[None]:
@@ -435,12 +467,18 @@ class GRPOTrainer:
         old: list[Tensor] | None,
         ref: list[Tensor] | None,
         diag: StepDiagnostics | None,
+        parts: PartGradients | None,
     ) -> tuple[float, int, float]:
         self.optimizer.zero_grad(set_to_none=True)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         total, n_clipped = 0.0, 0
         unit = None
         for k, chunk in enumerate(chunks):
+            if chunk[0].part == PROBE and diag is not None:  # the diagnostics describe what the step applies
+                diag.finish_grads(flat_grad(params))
+                diag = None
+            if parts is not None:
+                parts.enter(chunk[0].part, flat_grad(params))
             if diag is not None and chunk[0].unit != unit:  # chunks come unit by unit: local, then each publisher
                 unit = chunk[0].unit
                 diag.boundary(flat_grad(params), unit)
@@ -450,6 +488,8 @@ class GRPOTrainer:
             weights = self._weights(chunk, old_logp, mask)
             loss = grpo_loss(logp, old_logp, adv, mask, self.cfg, ref[k] if ref else None, norm, weights)
             loss.backward()
+            if chunk[0].part == PROBE:
+                continue  # measured, not applied: neither its loss nor its clipping is the step's
             total += float(loss.item())
             ratio = torch.exp(logp.detach() - old_logp)
             n_clipped += int((_clipped(ratio, adv[:, None], self.cfg) & (mask > 0)).sum().item())
@@ -457,6 +497,10 @@ class GRPOTrainer:
                 diag.add(chunk, old_logp, mask, weights)
         if diag is not None:
             diag.finish_grads(flat_grad(params))
+        if parts is not None:
+            parts.close(flat_grad(params))
+            if parts.before_probe is not None:
+                set_flat_grad(params, parts.before_probe)
         limit = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, limit).item())
         self.optimizer.step()
@@ -482,22 +526,33 @@ class GRPOTrainer:
 
     def _chunks(self, rows: Sequence[Row], by_unit: bool) -> list[list[Row]]:
         """Micro-batches; ``by_unit``: local rows first, then one publisher at a time (so each part's gradient
-        can be told apart, at the cost of smaller batches)."""
+        can be told apart, at the cost of smaller batches). Rows of different share parts (:attr:`Row.part`)
+        never share a micro-batch, and each part's come together: own halves, peers', probe."""
         mb = self.cfg.micro_batch_size
-        units: dict[str, list[Row]] = {"local": []}
-        for r in rows:
-            units.setdefault(r.unit if by_unit else "all", []).append(r)
+        units: dict[str, list[Row]] = {}
+        for r in sorted(rows, key=lambda r: (PART_ORDER.get(r.part, 0), r.external)):
+            units.setdefault(f"{r.part}:{r.unit if by_unit else 'all'}", []).append(r)
         chunks: list[list[Row]] = []
         for part in units.values():
             chunks += [part[i : i + mb] for i in range(0, len(part), mb)]
         return chunks
+
+    def _probe_rows(
+        self, kept: Sequence[TrainGroup], probing: Sequence[TrainGroup], labels: dict[int, str] | None
+    ) -> list[Row]:
+        """The probe groups' rows after the defences they would meet beside this step's own rows (the cuts
+        they would suffer are not counted: nothing of them is trained on)."""
+        if not probing:
+            return []
+        rows, _ = self._defend(self._rows([g for g in kept if not g.external] + list(probing), labels))
+        return [r for r in rows if r.part == PROBE]
 
     def lr_at(self, done: int) -> float:
         """The learning rate of the step after ``done`` rounds (:mod:`node.training.schedule`)."""
         cfg = self.cfg
         return scheduled_lr(cfg.learning_rate, cfg.lr_scheduler_type, cfg.lr_decay_rounds, cfg.min_lr_rate, done)
 
-    def step(self, groups: Sequence[TrainGroup], done: int = 0) -> dict[str, Any]:
+    def step(self, groups: Sequence[TrainGroup], done: int = 0, probe: Sequence[TrainGroup] = ()) -> dict[str, Any]:
         """Train on ``groups``: skip groups past the context, drop those without signal, then update.
 
         This node's own groups first update its per-family expected reward (the receiver baseline).
@@ -514,6 +569,10 @@ class GRPOTrainer:
         removed or scaled down), ``publisher_rows`` / ``publisher_adv`` (peer -> rows and sum of absolute
         advantages trained on), and with ``diagnose`` ``sources`` and the local /
         external gradient norms (first update).
+
+        With ``adaptive_share`` (:mod:`node.training.share`) the first update also measures what one peer's
+        group is worth here against one own group (``share``: a :class:`~node.training.share.ShareSample` or
+        None); ``probe`` are peers' groups measured so, through the same defences, but not trained on.
         """
         t0 = time.perf_counter()
         lr = self.lr_at(done)
@@ -523,19 +582,23 @@ class GRPOTrainer:
             if not g.external:
                 self.baseline.update(g.task_family, g.rewards)
         fitting, too_long = self.within_context(groups)
+        probing = [g for g in probe if all(self.policy.fits(c) for c in g.completions)] if self.measure_share else []
+        labels = share_parts(fitting, probing) if self.measure_share else None
         kept = [g for g in fitting if self.has_signal(g)]
         all_rewards = [r for g in groups for r in g.rewards]
         stats: dict[str, Any] = {
             "loss": 0.0, "n_groups": len(kept), "n_dropped": len(fitting) - len(kept), "n_too_long": too_long,
             "n_completions": 0, "grad_norm": 0.0, "clip_frac": 0.0,
             "mean_reward": sum(all_rewards) / len(all_rewards) if all_rewards else 0.0, "lr": lr,
-            "cut": {}, "publisher_rows": {}, "publisher_adv": {},
+            "cut": {}, "publisher_rows": {}, "publisher_adv": {}, "share": None,
         }  # fmt: skip
         rows: list[Row] = []
+        probed: list[Row] = []
         if kept:
-            if any(g.external for g in kept):
+            if any(g.external for g in kept) or probing:
                 self._observe_own([g for g in fitting if not g.external])
-            rows, cut = self._defend(self._rows(kept))
+            rows, cut = self._defend(self._rows(kept, labels))
+            probed = self._probe_rows(kept, [g for g in probing if self.has_signal(g)], labels)
             stats["cut"] = dict(cut)
             # a group the defences cut whole (a lone peer's beside no own signal) is not trained on; with no
             # informative row left there is no step at all (counted so: the weights must not seem to move)
@@ -554,15 +617,24 @@ class GRPOTrainer:
                 stats["publisher_rows"][r.unit] = stats["publisher_rows"].get(r.unit, 0) + 1
                 stats["publisher_adv"][r.unit] = stats["publisher_adv"].get(r.unit, 0.0) + abs(r.advantage)
         if rows:
-            chunks = self._chunks(rows, by_unit=self.diagnose)
+            chunks = self._chunks(rows + probed, by_unit=self.diagnose)
+            applied = sum(ch[0].part != PROBE for ch in chunks)  # the probe's chunks come last
             norm = self._norm(rows)
             old = self._fixed_logprobs(self.policy, chunks) if self.cfg.num_iterations > 1 else None
             ref = self._fixed_logprobs(self._ref, chunks) if self._ref is not None else None
             diag = StepDiagnostics(kept) if self.diagnose else None
+            parts = PartGradients() if labels is not None else None
             n_clipped = 0
             for i in range(self.cfg.num_iterations):
-                loss, clipped, grad_norm = self._update(chunks, norm, old, ref, diag if i == 0 else None)
+                first = i == 0  # later updates train on what the step applies, and measure nothing
+                n = len(chunks) if first else applied
+                loss, clipped, grad_norm = self._update(
+                    chunks[:n], norm, old[:n] if old else None, ref[:n] if ref else None,
+                    diag if first else None, parts if first else None,
+                )  # fmt: skip
                 n_clipped += clipped
+            if parts is not None and labels is not None:
+                stats["share"] = measured_share(parts, labels)
             stats.update(loss=loss, n_completions=len(rows), grad_norm=grad_norm)
             stats["clip_frac"] = n_clipped / (norm.n_tokens * self.cfg.num_iterations)
             if diag is not None:

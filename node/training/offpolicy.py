@@ -57,6 +57,8 @@ OBJECTIVES: Mapping[str, Mapping[str, object]] = {
     "baseline": {"baseline": "receiver"},
     "baseline+tis": {"baseline": "receiver", "is_cap": 1.0},
     "baseline+guide": {"baseline": "receiver", "successes_only": True},
+    "baseline+adapt": {"baseline": "receiver", "adaptive_share": True},
+    "baseline+guide+adapt": {"baseline": "receiver", "successes_only": True, "adaptive_share": True},
 }
 """Named presets of :class:`OffPolicyConfig` (``swarm-node experiment --objectives``); ``plain`` is SAPO's
 GRPO on peers' completions as if sampled here. Each names its baseline, whatever the default."""
@@ -116,8 +118,21 @@ class OffPolicyConfig:
                   "this node would never write carries no credit here); 0 turns it off."},
     )  # fmt: skip
 
+    adaptive_share: bool = field(
+        default=False,
+        metadata={"help": "Measure, each step, what a peer's group moves this node's own objective against one of "
+                  "its own groups, and give a slot back to its own groups while peers' do less "
+                  "(node.training.share)."},
+    )  # fmt: skip
+    share_threshold: float = field(
+        default=1.0,
+        metadata={"help": "Adaptive share: peers' groups keep their slots while one moves this node's objective at "
+                  "least this many times as far as one of its own."},
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         checks = [
+            (0 < self.share_threshold <= 10, f"share_threshold={self.share_threshold}; use a ratio in (0, 10]"),
             (self.min_token_logp is None or self.min_token_logp < 0, "min_token_logp must be negative (or None)"),
             (0 <= self.is_cap <= 100, "is_cap must be in [0, 100] (0: off)"),
             (self.baseline in BASELINES, f"baseline must be one of {BASELINES}"),

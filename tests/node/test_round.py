@@ -842,3 +842,24 @@ def test_a_warm_start_gives_every_seed_one_prior_and_a_better_start(make_node: N
     (a, acc_a), (b, _), (cold, acc_cold) = start(1, 60), start(2, 60), start(1, 0)
     assert a == b != cold
     assert acc_a > acc_cold
+
+
+def test_a_slot_given_back_by_the_adaptive_share_is_one_more_own_group_and_a_round_without_peers_probes(
+    make_node: NodeMaker, tmp_path: Path
+) -> None:
+    h = Harness()
+    parts = NodeParts(offpolicy=OffPolicyConfig(baseline="group", adaptive_share=True))
+    node = make_node(h, parts, local_groups=2, external_groups=3, max_source_share=1.0)
+    (p1,) = peer_ids(tmp_path, 1)
+    h.exchange.queued.append(CollectResult([accepted(p1, [informative(i) for i in range(1, 7)])], [], 1, 0.0))
+    node.share.taken = 1
+
+    r = node.run_round()
+
+    assert r is not None and (r.local_groups, r.external_groups, r.share_taken) == (4, 1, 1)  # I + J = 5 per round
+    assert r.pool == 5
+    node.share.taken = 0
+    r = node.run_round()
+    assert r is not None and (r.local_groups, r.external_groups, r.share_taken) == (5, 0, 0)
+    assert r.pool == 3 and not r.source_rows  # two peers' groups scored for the measure, none trained on
+    assert node.share.steps >= 1  # a step with no signal of its own measures nothing; the first had the peer's
