@@ -42,6 +42,8 @@ from node.experiments.csvfiles import (
 )
 from node.experiments.learning import HeldoutSummary, heldout_table, plot_heldout, summarize_heldout
 from node.experiments.parts import LOAD, RunLoad, load_line, read_load, resumable
+from node.experiments.permodel import per_model_heldout
+from node.experiments.permodel import per_model_table as per_model_heldout_table
 from node.experiments.results import (
     PairedTest,
     RunResult,
@@ -383,6 +385,9 @@ def write_outputs(
         text += heldout_table(learned, baseline, cfg.primary) + "\n\nTraining reward (each node's own stream):\n\n"
     text += f"{table}\n\nCumulative reward per model:\n\n"
     text += per_model_table(shown) + "\n"
+    if len({n.model for r in results for n in r.nodes}) > 1 and learned:
+        text += f"\nHeld-out per model, each against the same model in {baseline[0]} {baseline[1]} of its seed:\n\n"
+        text += per_model_heldout_table(per_model_heldout(shared, baseline)) + "\n"
     if tests:
         text += f"\nPaired over seeds, each run against the {cfg.baseline_split} run of its seed:\n\n"
         text += paired_table(tests) + "\n"
