@@ -36,4 +36,4 @@ def test_each_model_is_paired_with_itself_in_the_baseline_run_of_its_seed() -> N
     assert small.external_per_round == pytest.approx((2.0 + 2.0) / 2)  # per node: external groups / rounds
     assert rows["8/0", "big"].greedy_ratio == 1.0 and small.seeds == 2
     table = per_model_table(list(rows.values()))
-    assert "| a | 4/4 | big | 2 | 0.350 | 0.300 | 0.500 | - | 0.625 | 4.00 |" in table
+    assert "| a | 4/4 | big | 2 | 0.350 | 0.300 | 0.500 | 0.090 | 0.625 | 4.00 |" in table
