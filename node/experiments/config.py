@@ -25,7 +25,7 @@ from node.core.options import (
 )
 from node.core.pool import SAMPLING_POLICIES
 from node.experiments.results import parse_split
-from node.training.offpolicy import OBJECTIVES
+from node.training.offpolicy import OBJECTIVES, default_objective
 
 AGGREGATORS = choices_of(NodeOptions, "aggregator")  # no swarm import: the CLI reads this before torch
 
@@ -69,8 +69,9 @@ class ExperimentConfig:
         "External sampling policies to compare: " + ", ".join(SAMPLING_POLICIES) + ".", group=SWEEP, csv=True,
     )  # fmt: skip
     objectives: tuple[str, ...] = option(
-        ("plain",), "How peers' completions enter the loss, compared as an axis: " + ", ".join(OBJECTIVES)
-        + " (see node.training.offpolicy).", group=SWEEP, csv=True,
+        (default_objective(),), "How peers' completions enter the loss, compared as an axis: "
+        + ", ".join(OBJECTIVES) + f" (see node.training.offpolicy; a node's default is {default_objective()}).",
+        group=SWEEP, csv=True,
     )  # fmt: skip
     sync_every: tuple[int, ...] = option(
         (0,), "Outer sync settings to compare as an axis: rounds between syncs (H), 0 for none. Synced runs need "

@@ -62,7 +62,7 @@ from node.experiments.results import (
     sync_of,
 )
 from node.observe.metrics import read_events
-from node.training.offpolicy import OBJECTIVES, OffPolicyConfig
+from node.training.offpolicy import OBJECTIVES, OffPolicyConfig, default_objective
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class Run:
     local: int
     external: int
     seed: int
-    objective: str = "plain"
+    objective: str = field(default_factory=default_objective)  # a node's own
     sync_every: int = 0
     sync_period_s: int = 0
 

@@ -50,18 +50,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 BASELINES = ("group", "receiver")
-OBJECTIVES: Mapping[str, Mapping[str, object]] = {
-    "plain": {"baseline": "group"},
-    "filter": {"baseline": "group", "min_token_logp": -5.0},
-    "tis": {"baseline": "group", "is_cap": 1.0},
+OBJECTIVE_BASE: Mapping[str, object] = {
+    "baseline": "group", "min_token_logp": None, "is_cap": 0.0, "successes_only": False, "adaptive_share": False,
+}  # fmt: skip
+"""What every preset of :data:`OBJECTIVES` sets, before its own changes: each preset names every one of these
+fields, so that it means the same whatever the node's defaults are."""
+_CHANGES: dict[str, dict[str, object]] = {
+    "plain": {},
+    "filter": {"min_token_logp": -5.0},
+    "tis": {"is_cap": 1.0},
     "baseline": {"baseline": "receiver"},
     "baseline+tis": {"baseline": "receiver", "is_cap": 1.0},
     "baseline+guide": {"baseline": "receiver", "successes_only": True},
     "baseline+adapt": {"baseline": "receiver", "adaptive_share": True},
     "baseline+guide+adapt": {"baseline": "receiver", "successes_only": True, "adaptive_share": True},
 }
+OBJECTIVES: Mapping[str, Mapping[str, object]] = {name: {**OBJECTIVE_BASE, **c} for name, c in _CHANGES.items()}
 """Named presets of :class:`OffPolicyConfig` (``swarm-node experiment --objectives``); ``plain`` is SAPO's
-GRPO on peers' completions as if sampled here. Each names its baseline, whatever the default."""
+GRPO on peers' completions as if sampled here."""
+
+
+def default_objective() -> str:
+    """The preset that is a node's default: what ``swarm-node experiment`` compares unless told otherwise."""
+    node = OffPolicyConfig()
+    return next(n for n, p in OBJECTIVES.items() if all(getattr(node, k) == v for k, v in p.items()))
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,9 @@ def test_held_out_summary_pairs_each_seed_with_the_baseline() -> None:
 
 
 def test_the_sync_axis_runs_no_sharing_once_per_setting_and_compares_it_with_the_unsynced_baseline() -> None:
-    cfg = ExperimentConfig(splits=("8/0", "4/4"), sampling=("advantage",), sync_every=(0, 10), seeds=1)
+    cfg = ExperimentConfig(
+        splits=("8/0", "4/4"), sampling=("advantage",), sync_every=(0, 10), seeds=1, objectives=("plain",)
+    )
     runs = plan_runs(cfg)
     assert [(r.label, r.split) for r in runs] == [
         ("advantage", "8/0"), ("advantage", "4/4"), ("advantage+sync10", "8/0"), ("advantage+sync10", "4/4")
@@ -96,8 +98,9 @@ def test_a_sync_on_a_clock_reaches_only_the_synced_runs_and_its_label_says_the_p
     from node.cli.main import build_parser
 
     cfg = ExperimentConfig(
-        splits=("4/0", "2/2"), sync_every=(0, 2), sync_period_s=60, matchmaking_timeout_s=20.0, seeds=1
-    )
+        splits=("4/0", "2/2"), sync_every=(0, 2), sync_period_s=60, matchmaking_timeout_s=20.0, seeds=1,
+        objectives=("plain",),
+    )  # fmt: skip
     runs = plan_runs(cfg)
     assert [(r.label, r.split) for r in runs] == [
         ("advantage", "4/0"), ("advantage", "2/2"), ("advantage+sync60s", "4/0"), ("advantage+sync60s", "2/2")
@@ -113,7 +116,9 @@ def test_a_sync_on_a_clock_reaches_only_the_synced_runs_and_its_label_says_the_p
 def test_a_primary_that_is_no_row_of_the_sweep_names_the_rows() -> None:
     from node.experiments.sweep import check_primary
 
-    cfg = ExperimentConfig(splits=("4/0", "2/2"), sync_every=(0, 2), sync_period_s=60, primary="advantage+sync2:2/2")
+    cfg = ExperimentConfig(
+        splits=("4/0", "2/2"), sync_every=(0, 2), sync_period_s=60, primary="advantage+sync2:2/2", objectives=("plain",)
+    )
     with pytest.raises(ValueError, match=r"not a row of this sweep; use one of .*advantage\+sync60s:2/2"):
         check_primary(cfg)
     check_primary(dataclasses.replace(cfg, primary="advantage+sync60s:2/2"))

@@ -277,9 +277,9 @@ def test_objective_axis_and_reference_split_plan() -> None:
     runs = plan_runs(cfg)
     # per seed: 8/0 and 16/0 once, 4/4 under each of 2 policies x 2 objectives
     assert len(runs) == 2 * (2 + 4)
-    assert Run("uniform", 16, 0, 0) in runs and Run("advantage", 4, 4, 100, "tis") in runs
+    assert Run("uniform", 16, 0, 0, "plain") in runs and Run("advantage", 4, 4, 100, "tis") in runs
     assert Run("advantage", 4, 4, 0, "tis").name == "runs/advantage+tis/4-4/seed0"
-    assert Run("advantage", 4, 4, 0).name == "runs/advantage/4-4/seed0"  # plain keeps the old layout
+    assert Run("advantage", 4, 4, 0, "plain").name == "runs/advantage/4-4/seed0"  # plain keeps the old layout
     assert labels(cfg) == ["uniform", "uniform+tis", "advantage", "advantage+tis"]
     assert cfg.baseline_split == "8/0"
     with pytest.raises(ValueError, match="reference split 4/4"):
@@ -407,3 +407,11 @@ def test_each_objective_reaches_the_nodes_trainer_config(tmp_path: Path, objecti
     assert {k: getattr(parts.offpolicy, k) for k in OBJECTIVES[objective]} == {
         k: getattr(preset, k) for k in OBJECTIVES[objective]
     }
+
+
+def test_a_sweep_compares_what_a_node_does_unless_told_otherwise() -> None:
+    # one source: the default objective is the preset equal to a node's own off-policy defaults, every field named
+    (name,) = ExperimentConfig().objectives
+    node = OffPolicyConfig()
+    assert all(getattr(node, k) == v for k, v in OBJECTIVES[name].items()) and name == "baseline"
+    assert all(set(p) == set(OBJECTIVES["plain"]) for p in OBJECTIVES.values())
