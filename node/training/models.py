@@ -2,10 +2,12 @@
 
 ``--model`` accepts three kinds of names:
 
-- a built-in tiny model (``tiny-s``, ``tiny-m``, ``tiny-l``, ``tiny-gpt2``):
+- a built-in tiny model (``tiny-s``, ``tiny-m``, ``tiny-l``, ``tiny-gpt2``, ``tiny-bpe``):
   defined from a transformers config in code (Llama and GPT-2, so that
-  architectures and fingerprints differ), with the character tokenizer of
-  :mod:`node.training.tokenizer`; no file is downloaded and the initial weights depend
+  architectures and fingerprints differ), with a tokenizer of
+  :mod:`node.training.tokenizer` built in code: the character tokenizer, or for
+  ``tiny-bpe`` a byte-pair encoding (so that a mixed swarm's receivers really
+  re-tokenise the text they get); no file is downloaded and the initial weights depend
   only on the seed;
 - a packaged model (``smollm2-135m``): shipped as a GGUF file in a pip
   package and converted once into a cache folder (see :mod:`node.training.model_cache`);
@@ -37,12 +39,12 @@ from node.training.model_cache import (
     ensure_converted,
 )
 from node.training.names import model_name_error
-from node.training.tokenizer import char_tokenizer
+from node.training.tokenizer import bpe_tokenizer, char_tokenizer
 
 if TYPE_CHECKING:
     # transformers takes seconds to import (torch.distributed, its model code): a node imports it when it
     # builds or loads its model, after it listens, never at import
-    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ MAX_POSITIONS = 256
 
 __all__ = [
     "BUILTIN_MODELS",
+    "BUILTIN_TOKENIZERS",
     "PACKAGED_MODELS",
     "ModelError",
     "ModelNotFound",
@@ -117,8 +120,17 @@ BUILTIN_MODELS: dict[str, Callable[[int], PretrainedConfig]] = {
     "tiny-m": _llama(hidden=128, layers=4, heads=4, ffn=256),  # ~0.68M
     "tiny-l": _llama(hidden=160, layers=6, heads=5, ffn=384),  # ~1.75M
     "tiny-gpt2": _gpt2(hidden=96, layers=3, heads=4),  # ~0.37M
+    "tiny-bpe": _llama(hidden=96, layers=3, heads=4, ffn=192),  # ~0.35M, 384 BPE tokens
 }
 """Built-in model name -> config factory (argument: vocabulary size)."""
+
+BUILTIN_TOKENIZERS: dict[str, Callable[[], PreTrainedTokenizerFast]] = {"tiny-bpe": bpe_tokenizer}
+"""A built-in model's tokenizer, where it is not :func:`~node.training.tokenizer.char_tokenizer`."""
+
+
+def builtin_tokenizer(name: str) -> PreTrainedTokenizerFast:
+    """The tokenizer a built-in model is built with: it follows the model's name."""
+    return BUILTIN_TOKENIZERS.get(name, char_tokenizer)()
 
 
 def builtin_config(name: str, vocab_size: int) -> PretrainedConfig:
@@ -147,7 +159,7 @@ def _model_class(model_type: str) -> type[PreTrainedModel]:
 
 
 def _build_builtin(name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = char_tokenizer()
+    tokenizer = builtin_tokenizer(name)
     config = builtin_config(name, len(tokenizer))
     cls = _model_class(config.model_type)
     # Seed a forked RNG so that init is a function of `seed` alone and the
@@ -284,7 +296,11 @@ evaluation of max and min (128 questions, greedy and 8 samples each) took the ti
 the dashboard."""
 
 TINY_DEFAULTS = ModelDefaults(max_new_tokens=1, learning_rate=1e-3, micro_batch_size=64, eval_every=TINY_EVAL_EVERY)
-"""Built-in tiny models: one-token answers, a large learning rate (also the component dataclasses' defaults)."""
+"""Built-in tiny models: one-token answers, a large learning rate (also the component dataclasses' defaults).
+
+Every built-in family's answer is one character, and each character is one token in both built-in tokenizers
+(``tiny-bpe``'s merges only add longer tokens), so one token is room for any answer for ``tiny-bpe`` too: a
+merged token such as ``94`` is a wrong answer that GRPO learns away, as a wrong digit is."""
 
 REAL_LM_DEFAULTS = ModelDefaults(
     max_new_tokens=64, learning_rate=1e-6, micro_batch_size=8, adapter_learning_rate=1e-5, tasks=RG_TASK_NAMES

@@ -152,3 +152,15 @@ def test_the_names_the_command_line_checks_are_the_registrys() -> None:
     from node.training.names import BUILTIN_MODEL_NAMES, PACKAGED_MODEL_NAMES
 
     assert set(BUILTIN_MODEL_NAMES) == set(BUILTIN_MODELS) and set(PACKAGED_MODEL_NAMES) == set(PACKAGED_MODELS)
+
+
+def test_each_builtin_gets_the_tokenizer_its_name_picks_and_the_tiny_defaults() -> None:
+    from node.training.models import BUILTIN_MODELS, BUILTIN_TOKENIZERS, TINY_DEFAULTS, builtin_tokenizer
+    from node.training.tokenizer import bpe_tokenizer, char_tokenizer
+
+    assert set(BUILTIN_TOKENIZERS) <= set(BUILTIN_MODELS) and "tiny-bpe" in BUILTIN_MODELS
+    char_vocab, bpe_vocab = char_tokenizer().get_vocab(), bpe_tokenizer().get_vocab()
+    for name in BUILTIN_MODELS:
+        expected = bpe_vocab if name == "tiny-bpe" else char_vocab
+        assert builtin_tokenizer(name).get_vocab() == expected, name
+        assert recommended_defaults(name) == TINY_DEFAULTS, name
