@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-BUILTIN_MODEL_NAMES = ("tiny-gpt2", "tiny-l", "tiny-m", "tiny-s")
+BUILTIN_MODEL_NAMES = ("tiny-bpe", "tiny-gpt2", "tiny-l", "tiny-m", "tiny-s")
 PACKAGED_MODEL_NAMES = ("smollm2-135m",)
 
 
