@@ -144,3 +144,14 @@ def test_without_adaptive_share_nothing_is_measured_and_probes_are_ignored() -> 
     peer = _group([1.0, 0.0, 0.0], ["9", "5", "6"], "max 1923=", external=True)
     stats = trainer.step(OWN, probe=[peer])
     assert stats["share"] is None and stats["n_completions"] == 6
+
+
+def test_success_only_guidance_keeps_a_peers_successes_and_zeroes_its_failures_by_hand() -> None:
+    trainer = _trainer(OffPolicyConfig(baseline="receiver", successes_only=True))
+    trainer.baseline.update("max", [1.0, 0.0, 0.0, 0.0])  # this node expects 0.25 on max
+    peer = _group([1.0, 0.0, 0.0, 1.0], ["7", "3", "1", "7"], "max 1274=", external=True)
+    # receiver baseline: (r - 0.25) / max(std, 0.5), std = sqrt(4 x 0.25 / 3) = 0.577 -> 1.299 and -0.433;
+    # mean |a| = 0.866 <= 1 (no bound); success-only: the negatives become 0
+    assert trainer.advantages(peer) == pytest.approx([1.299, 0.0, 0.0, 1.299], abs=1e-3)
+    own = dataclasses.replace(peer, external=False, source_peer="me")
+    assert trainer.advantages(own) == pytest.approx([0.866, -0.866, -0.866, 0.866], abs=1e-3)  # its own: unchanged
