@@ -24,6 +24,7 @@ from node.training.adapters import AdapterConfig, adapter_identity, attach_adapt
 from node.training.grpo import GRPOConfig, GRPOTrainer
 from node.training.models import load_model
 from node.training.policy import GenerationConfig, Policy
+from node.training.share import ShareControl
 from protocol.schema import TaskRef
 from swarm.fingerprint import model_fingerprint
 from swarm.identity import Identity
@@ -133,7 +134,7 @@ def stand_in(policy: Policy, tmp_path: Path) -> Any:
     trainer = GRPOTrainer(policy)
     return SimpleNamespace(
         peer_id="peer", policy=policy, trainer=trainer, sync=None, round=3, sampler_rng=random.Random(0),
-        credit=SourceCredit(), run_dir=tmp_path,
+        credit=SourceCredit(), share=ShareControl(4), run_dir=tmp_path,
     )  # fmt: skip
 
 

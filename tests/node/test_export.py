@@ -33,6 +33,7 @@ from node.training.export import BASE_FOLDER, PROVENANCE_FILE, save_tokenizer
 from node.training.grpo import GRPOTrainer
 from node.training.models import load_model
 from node.training.policy import GenerationConfig, Policy
+from node.training.share import ShareControl
 from node.training.tokenizer import char_tokenizer
 
 PEER = "12D3KooWExportTestPeer"
@@ -58,6 +59,7 @@ class TrainedNode:
     sync: Sync | None = None
     sampler_rng: random.Random = field(default_factory=lambda: random.Random(0))
     credit: SourceCredit = field(default_factory=SourceCredit)
+    share: ShareControl = field(default_factory=lambda: ShareControl(4))
     trainer: GRPOTrainer = field(init=False)
 
     def __post_init__(self) -> None:
