@@ -197,18 +197,19 @@ class NodeOptions:
         group=OFFPOLICY, flag="--external-baseline", inherit=True, choices=("group", "receiver"),
     )  # fmt: skip
     successes_only: bool = option(
-        False, "success-only guidance: a peer's completions teach only where they did better than this node expects "
-        "(their negative advantages become 0); measured on four architectures in docs/EXPERIMENTS.md",
-        group=OFFPOLICY, flag="--external-successes-only", inherit=True,
+        True, "success-only guidance, on by default: a peer's completions teach only where they did better than this "
+        "node expects (their negative advantages become 0); this flag turns it off (docs/EXPERIMENTS.md)",
+        group=OFFPOLICY, flag="--no-external-successes-only", inherit=True,
     )  # fmt: skip
     adaptive_share: bool = option(
-        False, "measure each step what a peer's group moves this node's own objective against one of its own, and "
-        "give a slot of --external back to its own groups (one more generated) while peers' do less",
-        group=OFFPOLICY, inherit=True,
+        True, "adaptive share, on by default: each step measures what a peer's group moves this node's own objective "
+        "against one of its own, and gives a slot of --external back to its own groups (one more generated) while "
+        "peers' do less; this flag keeps all --external slots for peers' groups",
+        group=OFFPOLICY, flag="--no-adaptive-share", inherit=True,
     )  # fmt: skip
     share_threshold: float = option(
-        1.0, "--adaptive-share keeps peers' groups while one moves this node's objective at least this many times "
-        "as far as one of its own", group=OFFPOLICY, inherit=True, above=0, max=10,
+        1.0, "the adaptive share keeps peers' groups while one moves this node's objective at least this many "
+        "times as far as one of its own", group=OFFPOLICY, inherit=True, above=0, max=10,
     )  # fmt: skip
     gradient_checkpointing: bool = option(
         False,

@@ -105,7 +105,7 @@ class OffPolicyConfig:
     # lowering the probability of sequences this policy would rarely write moves its mass unpredictably (the
     # strongest models of a mixed swarm fall furthest under it: docs/EXPERIMENTS.md); a peer's success guides.
     successes_only: bool = field(
-        default=False,
+        default=True,  # measured: docs/EXPERIMENTS.md, "Four architectures in one swarm"
         metadata={"help": "Success-only guidance: a peer's completions teach only where they did better than "
                   "this node expects (their negative advantages become 0); its own completions are unchanged."},
     )  # fmt: skip
@@ -131,7 +131,7 @@ class OffPolicyConfig:
     )  # fmt: skip
 
     adaptive_share: bool = field(
-        default=False,
+        default=True,  # measured: docs/EXPERIMENTS.md, "Four architectures in one swarm"
         metadata={"help": "Measure, each step, what a peer's group moves this node's own objective against one of "
                   "its own groups, and give a slot back to its own groups while peers' do less "
                   "(node.training.share)."},

@@ -97,5 +97,6 @@ def test_a_sweep_with_a_run_its_nodes_would_refuse_stops_before_any_run(
     out = tmp_path / "sweep"
     assert main(["experiment", "--splits", "2/0,1/1", "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("swarm-node: error: run advantage+baseline 1/1 seed 0 would stop at once: --max-source-share")
+    run = "run advantage+baseline+guide+adapt 1/1 seed 0"
+    assert err.startswith(f"swarm-node: error: {run} would stop at once: --max-source-share")
     assert len(err.splitlines()) == 1 and not out.exists()

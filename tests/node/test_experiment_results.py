@@ -413,5 +413,5 @@ def test_a_sweep_compares_what_a_node_does_unless_told_otherwise() -> None:
     # one source: the default objective is the preset equal to a node's own off-policy defaults, every field named
     (name,) = ExperimentConfig().objectives
     node = OffPolicyConfig()
-    assert all(getattr(node, k) == v for k, v in OBJECTIVES[name].items()) and name == "baseline"
+    assert all(getattr(node, k) == v for k, v in OBJECTIVES[name].items()) and name == "baseline+guide+adapt"
     assert all(set(p) == set(OBJECTIVES["plain"]) for p in OBJECTIVES.values())

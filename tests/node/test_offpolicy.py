@@ -100,9 +100,10 @@ def test_config_validation(bad: dict[str, Any]) -> None:
 
 
 def test_presets() -> None:
-    assert OffPolicyConfig.preset("plain") == OffPolicyConfig(baseline="group")  # SAPO's GRPO
-    assert OffPolicyConfig.preset("baseline") == OffPolicyConfig()  # the measured default
-    assert OffPolicyConfig.preset("baseline+tis") == OffPolicyConfig(baseline="receiver", is_cap=1.0)
+    neutral = {"successes_only": False, "adaptive_share": False}
+    assert OffPolicyConfig.preset("plain") == OffPolicyConfig(baseline="group", **neutral)  # SAPO's GRPO
+    assert OffPolicyConfig.preset("baseline+guide+adapt") == OffPolicyConfig()  # the measured default
+    assert OffPolicyConfig.preset("baseline+tis") == OffPolicyConfig(baseline="receiver", is_cap=1.0, **neutral)
     with pytest.raises(ValueError, match="use one of"):
         OffPolicyConfig.preset("magic")
 
@@ -228,9 +229,11 @@ def ext(rewards: list[float], comps: list[str], peer: str, model: str = "tiny-m"
     return TrainGroup(PROMPT, tuple(comps), tuple(rewards), peer, "max", REF, external=True, source_model=model)
 
 
-def test_alignment_of_each_publisher_with_the_local_gradient() -> None:
+@pytest.mark.parametrize("adaptive_share", [False, True])  # the share measure's parts leave the diagnostics alone
+def test_alignment_of_each_publisher_with_the_local_gradient(adaptive_share: bool) -> None:
     """A peer's group teaching what this node's own group teaches aligns (cos 1); the opposite lesson is -1."""
-    trainer = GRPOTrainer(policy(), GRPOConfig(max_grad_norm=0.0), diagnose=True)
+    off = OffPolicyConfig(successes_only=False, adaptive_share=adaptive_share)  # a peer's failures teach too
+    trainer = GRPOTrainer(policy(), GRPOConfig(max_grad_norm=0.0), off, diagnose=True)
     own = group([1.0, 0.0], ["7", "3"])
     same, opposite = ext([1.0, 0.0], ["7", "3"], "peerA"), ext([0.0, 1.0], ["7", "3"], "peerB", "tiny-l")
     stats = trainer.step([own, same, opposite])

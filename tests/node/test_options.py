@@ -68,9 +68,11 @@ def test_default_options_give_the_components_own_defaults() -> None:
     assert NodeOptions().dashboard_host == DashboardConfig().host
 
 
-def test_success_only_guidance_reaches_the_trainers_config() -> None:
-    _, parts = node_configs(NodeOptions(successes_only=True), "0.0.0.0", 0)
-    assert parts.offpolicy.successes_only and not NodeParts().offpolicy.successes_only
+def test_success_only_guidance_and_the_adaptive_share_are_a_nodes_default_and_each_flag_turns_one_off() -> None:
+    assert NodeParts().offpolicy.successes_only and NodeParts().offpolicy.adaptive_share
+    args = build_parser().parse_args(["start", "--no-external-successes-only", "--no-adaptive-share"])
+    _, parts = node_configs(options_from(NodeOptions, args), "0.0.0.0", 0)
+    assert not parts.offpolicy.successes_only and not parts.offpolicy.adaptive_share
 
 
 def test_sync_options_feed_the_sync_config() -> None:

@@ -79,7 +79,9 @@ OWN = [
     _group([0.0, 1.0, 0.0], ["2", "8", "4"], "max 2813="),
 ]
 # group baseline and no share cap: a peer's copy of an own group has that group's rows, advantages and gradient
-MEASURE = OffPolicyConfig(baseline="group", adaptive_share=True, max_publisher_share=1.0, max_logp_gap=0.0)
+MEASURE = OffPolicyConfig(
+    baseline="group", successes_only=False, adaptive_share=True, max_publisher_share=1.0, max_logp_gap=0.0
+)
 
 
 def _trainer(offpolicy: OffPolicyConfig = MEASURE) -> GRPOTrainer:
