@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from node.experiments.sweep import Run
 from node.observe.metrics import read_events
 from tests.procs import PYTHON, Procs, wait_for
 
@@ -47,9 +48,9 @@ def test_experiment_writes_results_table_and_plots_then_resumes(procs: Procs, tm
         assert all(n["cpu_s"] > 0 for n in r["nodes"])
     assert len(data["heldout"][1]["ratios"]) == 1
     table = (out / "results.md").read_text()
-    # a node's default sampling and objective
-    assert "| advantage+baseline | 4/0 | 1 |" in table and "| advantage+baseline | 2/2 | 1 |" in table
-    assert "questions per evaluation), paired by seed against advantage+baseline 4/0" in table
+    label = Run("advantage", 4, 0, 0).label  # a node's default sampling and objective
+    assert f"| {label} | 4/0 | 1 |" in table and f"| {label} | 2/2 | 1 |" in table
+    assert f"questions per evaluation), paired by seed against {label} 4/0" in table
     assert "sampled twice a second during each of 2 runs" in table  # the protocol records the machine's load
     for load in (out / "runs").glob("*/*/seed0/load.json"):
         assert json.loads(load.read_text())["mean"] > 0
@@ -74,7 +75,7 @@ def test_a_stopped_run_goes_on_from_its_nodes_checkpoints(procs: Procs, tmp_path
     cmd = [PYTHON, "-m", "node", "experiment", "--nodes", "2", "--splits", "2/2", "--sync-every", "2"]
     cmd += ["--seeds", "1", "--rounds", "8", "--models", "tiny-s", "--tasks", "max", "--out", str(out)]
     cmd += ["--no-progress", "--min-generate", "0.3", "--checkpoint-every", "2"]
-    run_dir = out / "runs" / "advantage+baseline+sync2" / "2-2" / "seed0"
+    run_dir = out / Run("advantage", 2, 2, 0, sync_every=2).name
 
     def rounds() -> dict[str, int]:
         return {
