@@ -477,7 +477,7 @@ class GRPOTrainer:
             if chunk[0].part == PROBE and diag is not None:  # the diagnostics describe what the step applies
                 diag.finish_grads(flat_grad(params))
                 diag = None
-            if parts is not None:
+            if parts is not None and chunk[0].part != parts.current:  # a snapshot per part, not per chunk
                 parts.enter(chunk[0].part, flat_grad(params))
             if diag is not None and chunk[0].unit != unit:  # chunks come unit by unit: local, then each publisher
                 unit = chunk[0].unit

@@ -145,6 +145,11 @@ class PartGradients:
             self.before_probe = running
         self._label, self._prev = label, running
 
+    @property
+    def current(self) -> str | None:
+        """The part whose chunks come now (None before the first)."""
+        return self._label
+
     def close(self, running: Tensor) -> None:
         """The running gradient after the last chunk."""
         self.enter(None, running)
