@@ -280,6 +280,11 @@ def start_warnings(args: argparse.Namespace | NodeOptions) -> list[str]:
             f"--sync-period {args.sync_period_s:g} decides when to sync (on a clock shared by all peers), so "
             f"--sync-every {args.sync_every} only turns the sync on; drop --sync-every to count on the clock alone"
         )
+    if not args.adaptive_share and args.share_threshold != 1.0:
+        out.append(
+            f"--share-threshold {args.share_threshold:g} sets the adaptive share, which --no-adaptive-share turns "
+            "off; drop one of the two"
+        )
     if isinstance(args, argparse.Namespace) and args.command == "local" and args.resume:
         out += [w for w in [_local_all_done(args)] if w]
     return out

@@ -153,6 +153,13 @@ def test_sync_every_beside_a_sync_period_says_which_one_decides() -> None:
     assert start_warnings(NodeOptions(sync_period_s=60)) == []
 
 
+def test_a_share_threshold_with_the_adaptive_share_off_says_it_does_nothing() -> None:
+    (warning,) = start_warnings(NodeOptions(adaptive_share=False, share_threshold=0.5))
+    assert warning.startswith("--share-threshold 0.5 sets the adaptive share") and "drop one" in warning
+    assert start_warnings(NodeOptions(share_threshold=0.5)) == []
+    assert start_warnings(_parse(build_parser(), ["local", "--share-threshold", "0.5", "--no-adaptive-share"]))
+
+
 def test_resuming_past_rounds_is_refused_alone_and_warned_of_in_a_local_swarm(tmp_path: Path) -> None:
     """A node alone would exit at once; a node of ``local`` (``--hold``) serves its rollouts while slower ones
     catch up, so it starts; ``local`` whose every node is done says so, and still writes its summary."""
