@@ -44,7 +44,7 @@ from node.training.device import params_digest, resolve_device
 from node.training.evaluate import EvalResult, eval_sets, evaluate, short_sets
 from node.training.grpo import GRPOTrainer
 from node.training.models import check_model_name, load_model
-from node.training.policy import Policy
+from node.training.policy import Policy, TokenMeter
 from node.training.share import ShareControl
 from node.training.tokenizer import max_token_chars
 from node.training.warmstart import warm_start
@@ -61,6 +61,16 @@ NETWORK_CLOSE_S = 5.0
 SYNC_LEAVE_WAIT_S = 15.0
 """Longest leaving waits for a sync running beside training (so its commit is kept); after it the node
 leaves without it, within the leave bound (the other members see a lost voter and abort that round)."""
+
+
+def token_rates(
+    before: TokenMeter, generated: TokenMeter, trained: int, train_s: float
+) -> tuple[float | None, float | None]:
+    """A round's tokens per second of sampling (inside the sampler's calls) and of training (tokens through
+    the step's passes over its seconds); None where the round did none."""
+    sampled, sample_s = generated.sampled - before.sampled, generated.sample_s - before.sample_s
+    sampling = round(sampled / sample_s, 1) if sampled and sample_s > 0 else None
+    return sampling, round(trained / train_s, 1) if trained and train_s > 0 else None
 
 
 def _cpu_seconds() -> float:
@@ -101,6 +111,7 @@ class Node:
         off = self.parts.offpolicy
         self.share = ShareControl(cfg.external_groups, off.share_threshold)  # fixed at J unless adaptive_share
         self._share_slots = cfg.external_groups  # peers' slots of the round under way
+        self._rates: tuple[float | None, float | None] = (None, None)  # sampling and training tokens per second
         self._tag = "------"
         self.metrics: MetricsWriter | None = None
         self.sync: Sync | None = None
@@ -338,7 +349,9 @@ class Node:
         # a slot peers' groups give back is one more group of this node's own: equal groups trained per round
         items = self.task_mix.sample(self.round, self.cfg.local_groups + self.cfg.external_groups - taken)
         self._request_collect()
+        before = dataclasses.replace(self.policy.meter)
         local = self._generate_local(items)
+        generated = dataclasses.replace(self.policy.meter)
         # pacing (min_generate_s): a tiny model in a local swarm stands in for a bigger one, so the swarm keeps
         # a real round's length and DHT load per second; the wait ends at once on stop
         self.clock.wait(self.stop_event, max(0.0, t0 + self.cfg.min_generate_s - self.clock.monotonic()))
@@ -356,13 +369,16 @@ class Node:
         quota = int(self.cfg.max_source_share * self.cfg.local_groups * self.cfg.num_generations)
         external = self.pool.take(taken, self.cfg.sampling, self.sampler_rng, useful, order, quota)
         probe = self.pool.take(self.share.probe(), self.cfg.sampling, self.sampler_rng, useful, order, quota)
+        scored = self.policy.meter.scored
         stats = self.trainer.step(local + external, done=self.round - 1, probe=probe)
+        trained = self.policy.meter.scored - scored
         if self.parts.offpolicy.adaptive_share:
             self.share.observe(stats.get("share"))
         if stats.get("alignment"):
             self.credit.observe(stats["alignment"], {g.source_peer: g.source_model for g in external})
         n_dropped = int(stats.get("n_dropped", 0))
         phases = (t_gen - t0, t_collect - t_gen, self.clock.monotonic() - t_collect)
+        self._rates = token_rates(before, generated, trained, phases[2])
         sync = self._maybe_sync()
         # before the round's record: a run that ends when every node recorded its last round ends after its
         # last evaluation; the evaluation's time is not the round's
@@ -471,6 +487,8 @@ class Node:
             share_taken=self._share_slots if self.parts.offpolicy.adaptive_share else None,
             share_value=self.share.value() if self.parts.offpolicy.adaptive_share else None,
             source_credit=self.credit.per_model() if self.cfg.sampling == "credit" else {},
+            sample_tokens_per_s=self._rates[0],
+            train_tokens_per_s=self._rates[1],
             **dataclasses.asdict(resources.sample()),
         )
         assert self.metrics is not None
@@ -547,26 +565,33 @@ class Node:
         self.metrics.write("sync", **fields)
 
     def _generate_local(self, items: list[TaskItem]) -> list[TrainGroup]:
-        completions = self.policy.generate(
+        sampled = self.policy.sample(
             [it.prompt for it in items],
             self.cfg.num_generations,
             self.parts.generation,
             seed=self.cfg.seed * 1_000_003 + self.round,
+            claims=self.cfg.share_logprobs and self.cfg.share and self.network is not None,
         )
         groups = [
-            local_group(self.families[item.ref.family], item, comps, self.peer_id)
-            for item, comps in zip(items, completions, strict=True)
+            local_group(self.families[item.ref.family], item, [c.text for c in row], self.peer_id)
+            for item, row in zip(items, sampled, strict=True)
         ]
         if not (self.cfg.share_logprobs and self.cfg.share and self.network is not None):
             return groups
-        # the behaviour probability peers need for off-policy weights: one no-grad scoring pass
-        flat = self.policy.sequence_logprobs(
-            [g.prompt for g in groups for _ in g.completions], [c for g in groups for c in g.completions],
-            batch_rows=self.parts.grpo.micro_batch_size,
-        )  # fmt: skip
+        # the behaviour probability peers need for off-policy weights: the sampler's where it knows it
+        # (node.training.sampler), one no-grad scoring pass for the rest
+        claims = [c.logprob for row in sampled for c in row]
+        missing = [k for k, x in enumerate(claims) if x is None]
+        texts = [c.text for row in sampled for c in row]
+        prompts = [g.prompt for g in groups for _ in g.completions]
+        scored = self.policy.sequence_logprobs(
+            [prompts[k] for k in missing], [texts[k] for k in missing], batch_rows=self.parts.grpo.micro_batch_size
+        ) if missing else []  # fmt: skip
+        for k, x in zip(missing, scored, strict=True):
+            claims[k] = x
         n = self.cfg.num_generations
         return [
-            dataclasses.replace(g, behaviour_logprobs=tuple(min(0.0, x) for x in flat[k * n : (k + 1) * n]))
+            dataclasses.replace(g, behaviour_logprobs=tuple(min(0.0, x or 0.0) for x in claims[k * n : (k + 1) * n]))
             for k, g in enumerate(groups)
         ]
 

@@ -142,6 +142,11 @@ class NodeOptions:
         inherit=True, min=0, max=4096,
     )  # fmt: skip
     temperature: float = option(1.0, "sampling temperature", inherit=True, min=0, max=100)
+    sample_precision: str = option(
+        "auto", "weights that sample: auto (bfloat16 where the CPU has native bf16 and the node trains an "
+        "adapter on a model of 10M+ parameters; training and held-out scoring stay float32), float32, bfloat16",
+        inherit=True, choices=("auto", "float32", "bfloat16"),
+    )  # fmt: skip
     learning_rate: float | None = option(
         None,
         "learning rate (default: the model's: 1e-3 tiny, 2e-6 smollm2-135m, 2e-5 with --adapter lora)",

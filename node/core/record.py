@@ -107,6 +107,8 @@ class RoundRecord:
     share_value: float | None = None
     source_credit: dict[str, float] = field(default_factory=dict)
     refused_from: dict[str, int] = field(default_factory=dict)
+    sample_tokens_per_s: float | None = None
+    train_tokens_per_s: float | None = None
     rss_mb: float | None = None
     children_rss_mb: float | None = None
     cpu_s: float | None = None

@@ -15,6 +15,7 @@ covers every question and only the sampled reward is missing.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -123,9 +124,11 @@ def evaluate(
     t0 = clock()
     deadline = t0 + cfg.eval_timeout_s
     pairs = [(families[name], item) for name, items in sets.items() for item in items]
-    greedy = GenerationConfig(temperature=0.0, top_p=1.0, max_new_tokens=generation.max_new_tokens)
+    # the yardstick is the float32 model whatever samples the node's rounds (node.training.sampler)
+    greedy = GenerationConfig(temperature=0.0, max_new_tokens=generation.max_new_tokens, sample_precision="float32")
+    draws = dataclasses.replace(generation, sample_precision="float32")
     hits = _score(policy, pairs, greedy, 1, clock, deadline)
-    sampled = _score(policy, pairs, generation, cfg.eval_samples, clock, deadline) if cfg.eval_samples else []
+    sampled = _score(policy, pairs, draws, cfg.eval_samples, clock, deadline) if cfg.eval_samples else []
     per_family: dict[str, list[float]] = {}
     for (fam, _), score in zip(pairs, hits, strict=False):
         per_family.setdefault(fam.name, []).append(score)

@@ -307,7 +307,7 @@ def _other_values(value: Any) -> list[Any]:
         return [value + 1, value + 2, value / 2 if value else 0.5, -5.0]
     if isinstance(value, tuple):
         return [("max",), ("/ip4/127.0.0.1/tcp/1",)]
-    words = ["tiny-m", "q_proj", "none", "group", "fp16", "median", "cpu", "uniform", "cosine", "elsewhere"]
+    words = ["tiny-m", "q_proj", "none", "group", "fp16", "median", "cpu", "uniform", "cosine", "elsewhere", "float32"]
     return [*words, "tensorboard"]  # --report-to's: tensorboard is in the test extra
 
 

@@ -34,7 +34,7 @@ from node.training.device import params_digest
 from node.training.evaluate import EvalConfig
 from node.training.grpo import GRPOConfig
 from node.training.offpolicy import OffPolicyConfig
-from node.training.policy import GenerationConfig
+from node.training.policy import Completion, GenerationConfig
 from protocol import Descriptor, RolloutBatch, RolloutGroup, short_id
 from swarm.exchange import BatchRejection, CollectResult, Refusal
 from swarm.identity import Identity, IdentityError, load_or_create
@@ -217,6 +217,8 @@ def test_plain_round_publishes_one_batch_and_writes_a_consistent_record(make_nod
     assert (digest(node) != before) == (record.trained_groups > 0)
     assert record.round_s >= record.generate_s + record.share_s + record.train_s  # the phases lie within it
     assert record.rss_mb is not None and record.rss_mb > 50 and record.cpu_s is not None and record.cpu_s > 0
+    assert record.sample_tokens_per_s is not None and record.sample_tokens_per_s > 0
+    assert (record.train_tokens_per_s is None) == (record.trained_groups == 0)
     # metrics.jsonl: one `round` event with exactly the record's fields
     (event,) = metric_events(node, "round")
     assert set(event) == {*RoundRecord.field_names(), "event"}
@@ -307,7 +309,8 @@ def test_isolated_node_never_collects(make_node: NodeMaker, tmp_path: Path) -> N
 def test_zero_advantage_groups_are_dropped(make_node: NodeMaker, tmp_path: Path) -> None:
     h = Harness()
     # GRPO's group baseline for peers' groups too (the receiver baseline gives an all-wrong one a signal)
-    parts = NodeParts(offpolicy=OffPolicyConfig(baseline="group"))
+    # (and no publisher cap: whether the local groups have signal, which bounds a peer's share, is chance)
+    parts = NodeParts(offpolicy=OffPolicyConfig(baseline="group", max_publisher_share=1.0))
     node = make_node(h, parts, external_groups=3, max_source_share=1.0)  # one peer may fill all 3 slots here
     p1, p2 = peer_ids(tmp_path, 2)
     h.exchange.queued.append(
@@ -562,17 +565,21 @@ def test_stop_while_collecting_abandons_the_round(make_node: NodeMaker, tmp_path
 def test_stop_while_generating_abandons_the_round(make_node: NodeMaker, monkeypatch: pytest.MonkeyPatch) -> None:
     h = Harness()
     node = make_node(h)
-    real_generate = node.policy.generate
+    real_sample = node.policy.sample
     calls: list[int] = []
 
-    def generate_then_leave(
-        prompts: list[str], n: int, cfg: GenerationConfig, seed: int | torch.Generator | None = None
-    ) -> list[list[str]]:
+    def sample_then_leave(
+        prompts: list[str],
+        n: int,
+        cfg: GenerationConfig,
+        seed: int | torch.Generator | None = None,
+        claims: bool = False,
+    ) -> list[list[Completion]]:
         calls.append(len(prompts))
         node.stop_event.set()  # the signal lands mid-generation: sampling stops at the next token
-        return real_generate(prompts, n, cfg, seed)
+        return real_sample(prompts, n, cfg, seed, claims)
 
-    monkeypatch.setattr(node.policy, "generate", generate_then_leave)
+    monkeypatch.setattr(node.policy, "sample", sample_then_leave)
     before = digest(node)
 
     assert node.run_round() is None
@@ -849,7 +856,8 @@ def test_a_slot_given_back_by_the_adaptive_share_is_one_more_own_group_and_a_rou
 ) -> None:
     h = Harness()
     parts = NodeParts(offpolicy=OffPolicyConfig(baseline="group", adaptive_share=True))
-    node = make_node(h, parts, local_groups=2, external_groups=3, max_source_share=1.0)
+    # a warm start gives the own groups signal whatever the sampler draws: the measure needs some
+    node = make_node(h, parts, local_groups=2, external_groups=3, max_source_share=1.0, warm_start_steps=60)
     (p1,) = peer_ids(tmp_path, 1)
     h.exchange.queued.append(CollectResult([accepted(p1, [informative(i) for i in range(1, 7)])], [], 1, 0.0))
     node.share.taken = 1
