@@ -315,6 +315,8 @@ class NodeView:
             "round_s": self.last.get("round_s"), "series": series, "heldout": self.heldout_json(now, max_points),
             "last_sync": self.sync_json(now), "catch_ups": self.catch_ups, "peers": self.peers_json(now),
             "banned_peers": _count(self.last.get("banned_peers")),
+            "sample_tokens_per_s": _real(self.last.get("sample_tokens_per_s")),
+            "train_tokens_per_s": _real(self.last.get("train_tokens_per_s")),
             "rss_mb": _real(self.last.get("rss_mb")), "children_rss_mb": _real(self.last.get("children_rss_mb")),
             "cpu_s": _real(self.last.get("cpu_s")), "children_cpu_s": _real(self.last.get("children_cpu_s")),
             "uptime_s": self.uptime_s(now), "join": join_command(self.multiaddrs), "trend": self.verdict_json(),

@@ -75,7 +75,9 @@ groups ok / used / rejected</th>
 (reward minus the group's mean) is zero for each, so the group teaches nothing">no signal</th>
 <th title="outer-sync rounds committed / aborted, and the revision of the weights">sync ok / aborted</th>
 <th>bytes in / out</th>
-<th>last sync</th><th>round s</th><th title="resident memory: node process / its DHT and p2pd">memory MB</th>
+<th>last sync</th><th title="seconds of the last round; under it, tokens per second of its sampling (completion
+tokens) / training (tokens through the step)">round s</th>
+<th title="resident memory: node process / its DHT and p2pd">memory MB</th>
 <th title="CPU seconds since start: node / DHT and p2pd">CPU s</th>
 <th title="greedy accuracy on held-out questions no node trains on: first -> latest, and the round and age of
 the latest evaluation (its sampled reward and per-family scores in the cell's tip)">held-out</th>
@@ -172,13 +174,20 @@ function drawNodes(nodes){
      cell("external_reward",fmt(n.external_reward,3)),cell("peers_seen",n.peers_seen),
      cell("groups",n.accepted+" / "+n.used+" / "+rej),cell("fetch_failed",n.fetch_failed),
      cell("dropped_zero_adv",n.dropped_zero_adv),cell("sync",n.sync_committed+" / "+ab+", rev "+n.revision),
-     cell("bytes",human(n.bytes_in)+" / "+human(n.bytes_out)),syncCell(n),cell("round_s",fmt(n.round_s,2)),
+     cell("bytes",human(n.bytes_in)+" / "+human(n.bytes_out)),syncCell(n),roundCell(n),
      cell("memory",fmt(n.rss_mb,0)+" / "+fmt(n.children_rss_mb,0)),
      cell("cpu",fmt(n.cpu_s,0)+" / "+fmt(n.children_cpu_s,0)),
      ...heldoutCells(n.heldout)
     ].forEach(td=>tr.appendChild(td));tb.appendChild(tr);});
   const w=$("nodes-wrap"),more=w.scrollWidth>w.clientWidth+1;w.classList.toggle("more",more);
   w.dataset.fits=String(!more);
+}
+function roundCell(n){
+  const td=cell("round_s",fmt(n.round_s,2));
+  const k=v=>v==null?"-":v>=1000?(v/1000).toFixed(v>=1e4?0:1)+"k":v.toFixed(0);
+  if(n.sample_tokens_per_s!=null){sub(td,k(n.sample_tokens_per_s)+"/"+k(n.train_tokens_per_s));
+    td.title="tokens per second: sampling "+fmt(n.sample_tokens_per_s,1)+", training "+fmt(n.train_tokens_per_s,1);}
+  return td;
 }
 function syncCell(n){
   const s=n.last_sync;if(!s)return cell("last_sync","-");

@@ -28,6 +28,7 @@ METRICS: list[tuple[str, str, str]] = [
     ("swarm_node_rollout_bytes_total", "counter", "Rollout payload bytes, by direction (in or out)."),
     ("swarm_node_sync_bytes_sent_total", "counter", "Bytes sent in outer-sync all-reduces."),
     ("swarm_node_round_seconds", "gauge", "Duration of the last round."),
+    ("swarm_node_tokens_per_second", "gauge", "Tokens per second of the last round, by phase (sample or train)."),
     ("swarm_node_resident_memory_bytes", "gauge", "Resident memory, by process (node, or helpers: DHT and p2pd)."),
     ("swarm_node_cpu_seconds_total", "counter", "CPU seconds since start, by process (node, or helpers)."),
     ("swarm_node_heldout_accuracy", "gauge", "Greedy accuracy on the held-out questions at the last evaluation."),
@@ -84,6 +85,10 @@ def _samples(name: str, n: dict[str, Any], version: str) -> list[tuple[dict[str,
         ],
         "swarm_node_sync_bytes_sent_total": [({}, n["sync_bytes"])],
         "swarm_node_round_seconds": [({}, n["round_s"])],
+        "swarm_node_tokens_per_second": [
+            ({"phase": "sample"}, n.get("sample_tokens_per_s")),
+            ({"phase": "train"}, n.get("train_tokens_per_s")),
+        ],
         "swarm_node_resident_memory_bytes": [
             ({"process": "node"}, _mb_to_bytes(n.get("rss_mb"))),
             ({"process": "helpers"}, _mb_to_bytes(n.get("children_rss_mb"))),

@@ -247,14 +247,16 @@ def test_dashboard_config_validation() -> None:
 def test_memory_and_cpu_per_node_in_json_page_and_prometheus(tmp_path: Path) -> None:
     w = write_node(tmp_path / "aaaaaa" / "metrics.jsonl", "peer-aaaaaa", 2)
     w.write("round", time=3.0, peer="peer-aaaaaa", round=3, rss_mb=512.5, children_rss_mb=96.0, cpu_s=42.25,
-            children_cpu_s=7.0)  # fmt: skip
+            children_cpu_s=7.0, sample_tokens_per_s=150.5, train_tokens_per_s=900.0)  # fmt: skip
     w.close()
     write_node(tmp_path / "bbbbbb" / "metrics.jsonl", "peer-bbbbbb", 2).close()  # an older node: no figures
     snap = swarm_view(tmp_path, "t").snapshot()
     a, b = sorted(snap["nodes"], key=lambda n: n["peer"])
     assert (a["rss_mb"], a["children_rss_mb"], a["cpu_s"], a["children_cpu_s"]) == (512.5, 96.0, 42.25, 7.0)
     assert (b["rss_mb"], b["cpu_s"]) == (None, None)
+    assert (a["sample_tokens_per_s"], a["train_tokens_per_s"], b["sample_tokens_per_s"]) == (150.5, 900.0, None)
     lines = prometheus.render(snap).splitlines()
+    assert 'swarm_node_tokens_per_second{peer="aaaaaa",model="tiny-s",phase="sample"} 150.5' in lines
     assert (
         f'swarm_node_resident_memory_bytes{{peer="aaaaaa",model="tiny-s",process="node"}} {512 * 2**20 + 2**19}'
         in lines
@@ -262,7 +264,7 @@ def test_memory_and_cpu_per_node_in_json_page_and_prometheus(tmp_path: Path) -> 
     assert f'swarm_node_resident_memory_bytes{{peer="aaaaaa",model="tiny-s",process="helpers"}} {96 * 2**20}' in lines
     assert 'swarm_node_cpu_seconds_total{peer="aaaaaa",model="tiny-s",process="node"} 42.25' in lines
     assert not [line for line in lines if line.startswith("swarm_node_resident") and "bbbbbb" in line]
-    assert "memory MB" in PAGE and 'cell("memory"' in PAGE
+    assert "memory MB" in PAGE and 'cell("memory"' in PAGE and "tokens per second of its sampling" in PAGE
 
 
 def test_peers_table_folds_batches_groups_and_refusals_per_publisher(tmp_path: Path) -> None:

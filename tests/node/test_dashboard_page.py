@@ -38,6 +38,7 @@ def _write_swarm(root: Path, now: float) -> None:
                 external_reward_mean=0.512, external_groups=2, accepted_groups=3, external_rejected=2,
                 rejected_reasons={"prompt mismatch": 2}, fetch_failed=1, dropped_zero_adv=1, peers_seen=3,
                 bytes_in=123_456 * r, bytes_out=65_432 * r, round_s=0.52, rss_mb=612.3, children_rss_mb=88.1,
+                sample_tokens_per_s=1234.5, train_tokens_per_s=56789.1,
                 cpu_s=1321.0, children_cpu_s=112.0, batches_from={"aaaaaa": 2}, external_peers={"aaaaaa": 2},
             )  # fmt: skip
             if r % 100 == 0:
