@@ -177,6 +177,8 @@ class Policy:
         self.n_params = sum(p.numel() for p in model.parameters())
         self._low: dict[torch.dtype, LowPrecisionCopy] = {}
         self.meter = TokenMeter()
+        # scoring passes a run of rows with one prompt through it once (off: one pass per row, for comparison)
+        self.share_prefill = True
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The mixed-precision context of forward passes (a no-op without a compute dtype)."""
@@ -360,6 +362,25 @@ class Policy:
             # IndexError in GPT-2's embedding); callers filter with fits(), this names the failure
             raise SequenceTooLong(f"a completion of {max(len(c) for c in c_seqs)} tokens; context {self.max_length}")
         p_seqs = [self._fit(self.encode_prompt(p), len(c)) for p, c in zip(prompts, c_seqs, strict=True)]
+        starts = [i for i in range(len(p_seqs)) if i == 0 or p_seqs[i] != p_seqs[i - 1]]
+        if self.share_prefill and len(starts) < len(p_seqs) and not self._checkpointing():
+            logits, c_ids, c_mask = self._shared_prefill_logits(p_seqs, c_seqs, starts)
+        else:
+            logits, c_ids, c_mask = self._joint_logits(p_seqs, c_seqs)
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, c_ids[..., None]).squeeze(-1)
+        fmask = c_mask.to(logp.dtype)
+        return logp * fmask, fmask
+
+    def _checkpointing(self) -> bool:
+        """Whether the model recomputes activations in its backward pass (it then refuses a KV cache)."""
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # transformers 5 renames it
+            if hasattr(base, name):
+                return bool(getattr(base, name))
+        return False
+
+    def _joint_logits(self, p_seqs: list[list[int]], c_seqs: list[list[int]]) -> tuple[Tensor, Tensor, Tensor]:
+        """Each row's prompt and completion in one pass: the logits that predict each completion token."""
         p_ids, p_mask = self._pad(p_seqs, left=True)
         c_ids, c_mask = self._pad(c_seqs, left=False)
         ids, mask = torch.cat([p_ids, c_ids], dim=1), torch.cat([p_mask, c_mask], dim=1)
@@ -368,10 +389,42 @@ class Policy:
         self.meter.scored += int(mask.sum())
         with self.autocast():
             res = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=width + 1)
-        logits = res.logits[:, :-1, :].float()  # column j predicts completion token j
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, c_ids[..., None]).squeeze(-1)
-        fmask = c_mask.to(logp.dtype)
-        return logp * fmask, fmask
+        return res.logits[:, :-1, :].float(), c_ids, c_mask  # column j predicts completion token j
+
+    def _shared_prefill_logits(
+        self, p_seqs: list[list[int]], c_seqs: list[list[int]], starts: list[int]
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """As :meth:`_joint_logits`, with each run of rows that share a prompt passing that prompt once.
+
+        The prompt's KV cache (with its graph: gradients reach the prompt's positions from every row) is
+        indexed out to the rows, whose completions then pass against it. A group's G completions of one
+        prompt cost one prompt pass instead of G.
+        """
+        index = torch.tensor([len([s for s in starts if s <= i]) - 1 for i in range(len(p_seqs))], device=self.device)
+        p_ids, p_mask = self._pad([p_seqs[s] for s in starts], left=True)
+        c_ids, c_mask = self._pad(c_seqs, left=False)
+        p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
+        self.meter.scored += int(p_mask.sum() + c_mask.sum())
+        with self.autocast():
+            res = self.model(
+                input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True, logits_to_keep=1
+            )
+            first = res.logits[:, -1:, :].float()[index]  # predicts completion token 0
+            if c_ids.shape[1] == 1:
+                return first, c_ids, c_mask
+            past = res.past_key_values
+            past.batch_select_indices(index)
+            rest = c_ids.shape[1] - 1  # tokens 0 .. T-2 predict tokens 1 .. T-1
+            mask = torch.cat([p_mask[index], c_mask[:, :rest]], dim=1)
+            positions = p_pos[index][:, -1:] + 1 + torch.arange(rest, device=self.device)
+            out = self.model(
+                input_ids=c_ids[:, :rest],
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=past,
+                use_cache=True,
+            )
+        return torch.cat([first, out.logits.float()], dim=1), c_ids, c_mask
 
     @torch.no_grad()
     def sequence_logprobs(self, prompts: list[str], completions: list[str], batch_rows: int = 64) -> list[float]:

@@ -157,3 +157,31 @@ def test_never_samples_an_id_past_the_tokenizers_vocabulary() -> None:
     policy = Policy(model, tok, model_id)
     comps = policy.generate(["max 1234="], 16, GenerationConfig(max_new_tokens=3), seed=0)[0]
     assert all(comps), "an id past the vocabulary decodes to nothing"
+
+
+@pytest.mark.parametrize("name,adapter", [("tiny-m", False), ("tiny-gpt2", False), ("tiny-m", True)])
+def test_rows_that_share_a_prompt_pass_it_once_with_the_same_logprobs_and_gradients(name: str, adapter: bool) -> None:
+    from node.training.adapters import AdapterConfig, attach_adapter
+
+    model, tok, mid = load_model(name, seed=0, device="cpu")
+    if adapter:
+        model = attach_adapter(model, AdapterConfig(adapter="lora", lora_rank=4), seed=0)
+    policy = Policy(model, tok, mid, "cpu")
+    prompts = ["max 3941="] * 3 + ["min 27="] * 2 + ["pos 5512=", "max 3941="]
+    completions = ["9", "12", "3", "7", "", "abc", "44"]
+    got = {}
+    for shared in (False, True):
+        policy.share_prefill = shared
+        model.zero_grad()
+        before = policy.meter.scored
+        logp, mask = policy.token_logprobs(prompts, completions)
+        logp.sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        got[shared] = (logp.detach(), mask, grads, policy.meter.scored - before)
+    (lp0, m0, g0, n0), (lp1, m1, g1, n1) = got[False], got[True]
+    assert torch.equal(m0, m1) and torch.allclose(lp0, lp1, atol=1e-5)
+    assert torch.allclose(g0, g1, atol=1e-5 * float(g0.abs().max()))
+    # runs of 3, 2, 1 and 1 rows: the first passes its prompt twice less, the second once (the last row's
+    # prompt is the first's, but not adjacent to it: it passes again)
+    saved = 2 * len(policy.encode_prompt("max 3941=")) + len(policy.encode_prompt("min 27="))
+    assert n1 == n0 - saved
