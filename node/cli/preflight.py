@@ -285,6 +285,11 @@ def start_warnings(args: argparse.Namespace | NodeOptions) -> list[str]:
             f"--share-threshold {args.share_threshold:g} sets the adaptive share, which --no-adaptive-share turns "
             "off; drop one of the two"
         )
+    if args.sample_precision == "bfloat16" and args.device not in ("cpu", "auto"):
+        out.append(
+            f"--sample-precision bfloat16 makes a bf16 copy for sampling on a CPU only; on {args.device} the "
+            "forward passes already run in bf16 where the device supports it, so drop --sample-precision"
+        )
     if isinstance(args, argparse.Namespace) and args.command == "local" and args.resume:
         out += [w for w in [_local_all_done(args)] if w]
     return out

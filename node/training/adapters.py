@@ -185,8 +185,9 @@ def attach_adapter(model: Any, cfg: AdapterConfig, seed: int) -> Any:
 
     The base is frozen and, where the policy computes in bfloat16 (a CUDA device that supports
     it), stored in bfloat16: half the memory, and the autocast passes round to bf16 anyway. On
-    a CPU it stays float32: this CPU has no fast bf16 path, so bf16 weights would only be
-    converted back at every matmul. Adapter weights are float32 (the optimiser's master copy).
+    a CPU it stays float32 for training and scoring; sampling runs on a bf16 copy with the adapter
+    merged where the CPU has native bf16 (:mod:`node.training.sampler`). Adapter weights are float32
+    (the optimiser's master copy).
     The adapters' initial weights depend only on ``seed`` (the caller's RNG is left untouched).
     """
     from peft import LoraConfig, get_peft_model

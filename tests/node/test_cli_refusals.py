@@ -153,6 +153,12 @@ def test_sync_every_beside_a_sync_period_says_which_one_decides() -> None:
     assert start_warnings(NodeOptions(sync_period_s=60)) == []
 
 
+def test_bf16_sampling_on_a_gpu_says_it_does_nothing() -> None:
+    (warning,) = start_warnings(NodeOptions(sample_precision="bfloat16", device="cuda"))
+    assert "drop --sample-precision" in warning
+    assert start_warnings(NodeOptions(sample_precision="bfloat16", device="cpu")) == []
+
+
 def test_a_share_threshold_with_the_adaptive_share_off_says_it_does_nothing() -> None:
     (warning,) = start_warnings(NodeOptions(adaptive_share=False, share_threshold=0.5))
     assert warning.startswith("--share-threshold 0.5 sets the adaptive share") and "drop one" in warning
