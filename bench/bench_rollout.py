@@ -21,7 +21,7 @@ adapter (the node's default r = 16), at each batch of rows and each number of ne
 
 Rows run to their full length (eos is never drawn) except in the round, so tokens per second compare.
 
-    .venv/bin/python bench/bench_rollout.py --threads 1 --batches 8,32,64 --tokens 32,128
+    .venv/bin/python bench/bench_rollout.py --threads 1 --cells 8x32,32x32,64x32,32x128
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ NEVER = -1
 """An eos id no row draws: every row runs its full length."""
 
 
-def timed(fn: Callable[[], Any], repeat: int = 1) -> float:
-    """The median seconds of ``repeat`` calls of ``fn`` (after one untimed call)."""
-    fn()
+def timed(fn: Callable[[], Any], repeat: int = 1, warm: bool = True) -> float:
+    """The median seconds of ``repeat`` calls of ``fn`` (after one untimed call, with ``warm``)."""
+    if warm:
+        fn()
     runs = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -145,11 +146,16 @@ def decode_rows(
     cfg = {p: GenerationConfig(max_new_tokens=tokens, sample_precision=p) for p in ("float32", "auto")}
     eos, policy.eos_id = policy.eos_id, NEVER
     try:
+        # a short call of each first (allocation, the bf16 copy's build), then one timed call each
+        short = GenerationConfig(max_new_tokens=2, sample_precision="auto")
+        previous_sample(policy, ps, n, short, 1)
+        hf_generate(policy, ps, n, 2)
+        policy.sample(ps, n, short, 1)
         secs = {
-            "previous": timed(lambda: previous_sample(policy, ps, n, cfg["float32"], 1)),
-            "hf_generate": timed(lambda: hf_generate(policy, ps, n, tokens)),
-            "node_float32": timed(lambda: policy.sample(ps, n, cfg["float32"], 1)),
-            "node_auto": timed(lambda: policy.sample(ps, n, cfg["auto"], 1)),
+            "previous": timed(lambda: previous_sample(policy, ps, n, cfg["float32"], 1), warm=False),
+            "hf_generate": timed(lambda: hf_generate(policy, ps, n, tokens), warm=False),
+            "node_float32": timed(lambda: policy.sample(ps, n, cfg["float32"], 1), warm=False),
+            "node_auto": timed(lambda: policy.sample(ps, n, cfg["auto"], 1), warm=False),
         }
     finally:
         policy.eos_id = eos
@@ -238,8 +244,9 @@ def round_shape(policy: Policy, prompts: list[str]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the node's --max-threads)")
-    ap.add_argument("--batches", default="8,32,64", help="rows per batch, comma-separated")
-    ap.add_argument("--tokens", default="32,128", help="new tokens per row, comma-separated")
+    ap.add_argument(
+        "--cells", default="8x32,32x32,64x32,32x128", help="rows x new tokens of each decode cell, comma-separated"
+    )
     ap.add_argument("--adapters", default="none,lora", help="none (every weight) and/or lora")
     ap.add_argument("--json", default="", help="also write every figure to this file")
     args = ap.parse_args()
@@ -251,18 +258,17 @@ def main() -> None:
     for adapter in args.adapters.split(","):
         policy = load(adapter)
         cells = []
-        for tokens in (int(t) for t in args.tokens.split(",")):
-            for batch in (int(b) for b in args.batches.split(",")):
-                cell = decode_rows(policy, floors, batch, tokens, prompts)
-                cells.append(cell)
-                tps = "  ".join(f"{k} {v:7.1f}" for k, v in cell["tokens_per_s"].items())
-                print(
-                    f"{adapter:4s} rows {cell['rows']:3d} x {tokens:3d} tokens | tokens/s: {tps} | step ms: node "
-                    f"{cell['step_ms']['node_auto']:.0f}, bound {cell['bound_ms']:.0f} (memory floor "
-                    f"{cell['memory_floor_ms']:.0f}, compute {cell['compute_floor_ms']:.0f}): "
-                    f"{cell['node_auto_over_bound']:.2f}x the bound",
-                    flush=True,
-                )
+        for batch, tokens in (tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")):
+            cell = decode_rows(policy, floors, batch, tokens, prompts)
+            cells.append(cell)
+            tps = "  ".join(f"{k} {v:7.1f}" for k, v in cell["tokens_per_s"].items())
+            print(
+                f"{adapter:4s} rows {cell['rows']:3d} x {tokens:3d} tokens | tokens/s: {tps} | step ms: node "
+                f"{cell['step_ms']['node_auto']:.0f}, bound {cell['bound_ms']:.0f} (memory floor "
+                f"{cell['memory_floor_ms']:.0f}, compute {cell['compute_floor_ms']:.0f}): "
+                f"{cell['node_auto_over_bound']:.2f}x the bound",
+                flush=True,
+            )
         train = train_step(policy, floors, 16, 32, prompts[:4])
         print(f"{adapter:4s} train pass, {train['rows']} rows, {train['tokens']} tokens: prompt per row "
               f"{train['per_row_s']:.2f} s ({train['per_row_over_floor']:.2f}x its float32 compute floor), per group "
