@@ -38,13 +38,14 @@ def _sources(n: NodeProc) -> set[str]:
 
 
 def test_tiny_and_smollm2_train_on_each_others_rollouts(swarm: Swarm) -> None:
-    # each learns the other's family without generating it; the tiny model (1 character per
-    # completion) takes completions up to 64 characters, SmolLM2's budget of 16 tokens
-    tiny_flags = ("--model", "tiny-s", "--seed", "1", "--task", "max", "--accept-task", "rg:chain_sum")
+    # each learns the other's family without generating it. SmolLM2 works on its likeliest family (0.17
+    # success a completion: 2 rounds of 4-completion groups have signal whatever a sampler draws); the tiny
+    # model (1 character per completion) takes completions up to 64 characters, SmolLM2's budget of 16 tokens
+    tiny_flags = ("--model", "tiny-s", "--seed", "1", "--task", "max", "--accept-task", "rg:basic_arithmetic")
     tiny = swarm.spawn("tiny", *COMMON, "--rounds", "0", *tiny_flags, "--accept-tokens", "64")
     # SmolLM2 runs a fixed number of rounds and leaves on its own (a CPU round takes tens of
     # seconds, longer than a SIGTERM leave bound while it is generating).
-    smol_flags: tuple[str, ...] = ("--model", "smollm2-135m", "--seed", "2", "--task", "rg:chain_sum")
+    smol_flags: tuple[str, ...] = ("--model", "smollm2-135m", "--seed", "2", "--task", "rg:basic_arithmetic")
     smol_flags = (*smol_flags, "--max-new-tokens", "16", "--accept-task", "max")
     smol = swarm.spawn("smol", *COMMON, "--rounds", str(SMOL_ROUNDS), *smol_flags)
     swarm.go()
