@@ -400,7 +400,9 @@ class Policy:
         indexed out to the rows, whose completions then pass against it. A group's G completions of one
         prompt cost one prompt pass instead of G.
         """
-        index = torch.tensor([len([s for s in starts if s <= i]) - 1 for i in range(len(p_seqs))], device=self.device)
+        runs = torch.zeros(len(p_seqs), dtype=torch.long)
+        runs[starts[1:]] = 1
+        index = runs.cumsum(0).to(self.device)  # each row's run: the prompt it shares
         p_ids, p_mask = self._pad([p_seqs[s] for s in starts], left=True)
         c_ids, c_mask = self._pad(c_seqs, left=False)
         p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)

@@ -135,10 +135,6 @@ class LowPrecisionCopy:
             dst.copy_(layer.base_layer.weight.float() + delta)
         return self._copy
 
-    def release(self) -> None:
-        """Drop the copy (its memory comes back; the next :meth:`get` builds it again)."""
-        self._copy, self._pairs, self._merged = None, [], []
-
 
 def lora_layers(model: torch.nn.Module) -> list[tuple[str, Any]] | None:
     """A peft LoRA model's adapted layers, named as in the merged model; None unless only LoRA weights train.
