@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from protocol.signing import ED25519, Signatures
 from swarm.membership import Membership
 from swarm.memo import ContentMemo
 from swarm.sync.allreduce import RoundPlan
@@ -87,7 +88,7 @@ def state_read_pause_s(records: int, took_s: float) -> float:
 
 class SyncRecords:
     """This peer's view of the sync records of one (swarm, fingerprint), in ``store`` (default: the
-    membership's DHT)."""
+    membership's DHT), signed and checked with ``signatures``."""
 
     def __init__(
         self,
@@ -97,8 +98,10 @@ class SyncRecords:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         store: RecordStore | None = None,
+        signatures: Signatures = ED25519,
     ) -> None:
         self._m, self.fingerprint, self.cfg = membership, fingerprint, cfg
+        self._signatures = signatures
         self._dht: RecordStore = store if store is not None else HivemindRecords(membership)
         self._clock, self._sleep = clock, sleep
         self.me = membership.peer_id
@@ -152,7 +155,7 @@ class SyncRecords:
             return {}
 
     def _store(self, key: str, kind: str, record: Record, ttl: float, timeout: float | None = None) -> bool:
-        value = seal_record(kind, record, self._m.identity.key)
+        value = seal_record(kind, record, self._m.identity.key, self._signatures)
         try:
             return self._dht.store(key, self.me, value, ttl, self.cfg.dht_timeout_s if timeout is None else timeout)
         except Exception as e:
@@ -199,6 +202,7 @@ class SyncRecords:
             lambda r: None if r.fingerprint == fp else "other fingerprint",
             self._clock(),
             self.opened,
+            self._signatures,
         )
         self._rejected(STATE_KIND, rejected)
         self.hints.learn(kept)
@@ -220,7 +224,9 @@ class SyncRecords:
             return None if ok else "other fingerprint, revision or state"
 
         now = self._clock()
-        kept, rejected = open_records(self._get(key), JOIN_KIND, JoinRecord.from_wire, expect, now, self.opened)
+        kept, rejected = open_records(
+            self._get(key), JOIN_KIND, JoinRecord.from_wire, expect, now, self.opened, self._signatures
+        )
         self._rejected(JOIN_KIND, rejected)
         self.hints.learn(kept)  # the joiners this round pings may be known to this peer only through these
         return {p: r for p, r in kept.items() if self.banned.get(p, float("-inf")) <= now}
@@ -347,7 +353,9 @@ class SyncRecords:
             return None if ok else "vote of another round"
 
         raw = self._get(vote_key(self.swarm_id, fp, plan.group_id))
-        kept, rejected = open_records(raw, VOTE_KIND, VoteRecord.from_wire, expect, self._clock(), self.opened)
+        kept, rejected = open_records(
+            raw, VOTE_KIND, VoteRecord.from_wire, expect, self._clock(), self.opened, self._signatures
+        )
         self._rejected(VOTE_KIND, rejected)
         return kept
 

@@ -74,6 +74,7 @@ from typing import Any
 
 import torch
 
+from protocol.signing import ED25519, Signatures
 from swarm.fingerprint import model_fingerprint, sync_fingerprint
 from swarm.membership import Membership
 from swarm.sync.allreduce import RoundPlan, Snapshot, SyncService
@@ -93,7 +94,7 @@ from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.hivemind_transport import hivemind_net
 from swarm.sync.job import RoundOutcome, SyncJob, apply_outcome
-from swarm.sync.journal import VoteJournal, journal_path
+from swarm.sync.journal import JournalStore, VoteJournal, journal_path
 from swarm.sync.liveness import Prober
 from swarm.sync.points import Observer, RoundPoint
 from swarm.sync.records import ABORT_DIGEST, valid_origin
@@ -129,7 +130,9 @@ class OuterSync:
     The anchor starts as the module's current weights (revision 0, zero
     momentum). Call :meth:`maybe_sync` after every inner step; always :meth:`close`.
     ``observe`` hears the points each round passes (:mod:`swarm.sync.points`); ``net`` is the network
-    (:mod:`swarm.sync.transport`; default: the membership's hivemind daemon and DHT).
+    (:mod:`swarm.sync.transport`; default: the membership's hivemind daemon and DHT); ``signatures``
+    sign and check its records (Ed25519; a simulation's cheaper ones: :class:`protocol.signing.Signatures`);
+    ``journal`` keeps its votes (default: a file beside the identity, :mod:`swarm.sync.journal`).
     """
 
     def __init__(
@@ -140,6 +143,8 @@ class OuterSync:
         clock: Callable[[], float] = time.time,
         observe: Observer | None = None,
         net: SyncNet | None = None,
+        signatures: Signatures = ED25519,
+        journal: JournalStore | None = None,
     ) -> None:
         self.cfg, self.module, self._clock, self._observe = cfg, module, clock, observe
         self._net = net = net if net is not None else hivemind_net(membership)
@@ -154,7 +159,7 @@ class OuterSync:
         # the inner step the applied anchor's un-synced progress starts at (a part counts by the steps
         # since); None after restoring a checkpoint that did not record it: the next job counts 1
         self._anchor_step: int | None = 0
-        self._records = SyncRecords(membership, self.fingerprint, cfg, clock, net.loop.sleep, net.records)
+        self._records = SyncRecords(membership, self.fingerprint, cfg, clock, net.loop.sleep, net.records, signatures)
         self._scale = OwnScale()
         """This member's own evidence of an honest slice's scale (swarm.sync.assemble)."""
         name = f"{membership.cfg.swarm_id}.sync.{self.fingerprint}"
@@ -191,7 +196,8 @@ class OuterSync:
         self._marks: dict[SyncPhase, float] = {}
         """When this round's phases began (:meth:`_mark`); the report's ``phases`` come from them."""
         self._vetoes = VetoTally()
-        self._journal = VoteJournal(journal_path(membership.identity.path), self.fingerprint)
+        store = journal if journal is not None else journal_path(membership.identity.path)
+        self._journal = VoteJournal(store, self.fingerprint)
         for revision in self._journal.voted:  # votes of an earlier process of this peer id (see swarm.sync.journal)
             self._catchup.undecided(revision)
         self._records.publish_state(self._snap.revision, self._snap.state_hash, self._snap.origin)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from protocol import limits
 from protocol.errors import MessageRejected
 from protocol.schema import _fields, _ident, _time
-from protocol.signing import SigningKey, open_envelope, seal
+from protocol.signing import ED25519, Signatures, SigningKey, open_envelope, seal
 from swarm.memo import ContentMemo
 from swarm.sync.dialhints import MAX_ADDRS, valid_addr
 
@@ -178,26 +178,28 @@ KINDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
 """``kind -> (parse, signer)``, the shape a signed-record DHT validator takes."""
 
 
-def seal_record(kind: str, record: Record, key: SigningKey) -> bytes:
+def seal_record(kind: str, record: Record, key: SigningKey, signatures: Signatures = ED25519) -> bytes:
     """Sign ``record`` as ``kind``; refuses a record that names another signer."""
     if record.peer != key.peer_id:
         raise ValueError("record.peer must be the signing key's peer id")
-    return seal(kind, record, key)
+    return seal(kind, record, key, signatures)
 
 
-def open_record(data: bytes, kind: str, parse: Callable[[Any], R]) -> R:
+def open_record(data: bytes, kind: str, parse: Callable[[Any], R], signatures: Signatures = ED25519) -> R:
     """Size-check, decode, validate and verify one sealed record (MessageRejected if not)."""
-    return open_envelope(data, kind, MAX_RECORD_BYTES, parse, lambda r: r.peer)
+    return open_envelope(data, kind, MAX_RECORD_BYTES, parse, lambda r: r.peer, signatures)
 
 
-def _open_remembered(data: bytes, kind: str, parse: Callable[[Any], R], memo: ContentMemo[Any] | None) -> R:
+def _open_remembered(
+    data: bytes, kind: str, parse: Callable[[Any], R], memo: ContentMemo[Any] | None, signatures: Signatures
+) -> R:
     """:func:`open_record`, its outcome (record or refusal) taken from ``memo`` when these bytes were opened."""
     if memo is None:
-        return open_record(data, kind, parse)
+        return open_record(data, kind, parse, signatures)
 
     def open_it() -> R | MessageRejected:
         try:
-            return open_record(data, kind, parse)
+            return open_record(data, kind, parse, signatures)
         except MessageRejected as e:
             return e
 
@@ -214,6 +216,7 @@ def open_records(
     expect: Callable[[R], str | None],
     now: float,
     memo: ContentMemo[Any] | None = None,
+    signatures: Signatures = ED25519,
 ) -> tuple[dict[str, R], list[str]]:
     """Open every ``subkey -> sealed bytes`` entry; keep the valid ones by signer.
 
@@ -222,7 +225,8 @@ def open_records(
     ``expect(record)`` (the context check) returns None. Returns the kept
     records and one reason per rejected entry. With a ``memo``, an entry read
     before is not decoded or verified again: a key flooded with valid records
-    costs one Ed25519 check per record, not one per record per read.
+    costs one Ed25519 check per record, not one per record per read. ``signatures`` checks them
+    (:data:`protocol.signing.ED25519` but in a simulation: :class:`protocol.signing.Signatures`).
     """
     kept: dict[str, R] = {}
     rejected: list[str] = []
@@ -230,7 +234,7 @@ def open_records(
         try:
             if not isinstance(value, bytes):
                 raise MessageRejected(f"{kind}: value is not bytes")
-            record = _open_remembered(value, kind, parse, memo)
+            record = _open_remembered(value, kind, parse, memo, signatures)
             if subkey != record.peer:
                 raise MessageRejected(f"{kind}: stored under another peer's subkey")
             if record.created > now + limits.MAX_CLOCK_SKEW_S:
