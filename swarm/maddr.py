@@ -1,10 +1,14 @@
 """The shape of a peer's multiaddr, checked with the standard library only (no hivemind, no torch), so
-the command line refuses a mistyped ``--peer`` at once; :func:`swarm.membership.parse_peer_multiaddr`
-parses it fully when the node joins."""
+the command line refuses a mistyped ``--peer`` at once; :func:`parse_peer_multiaddr` parses it fully
+(with hivemind, imported only when it is called) when the node's membership config is built."""
 
 from __future__ import annotations
 
 import ipaddress
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hivemind.utils.multiaddr import Multiaddr
 
 EXAMPLE = "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooW..."
 _WITH_VALUE = {"ip4", "ip6", "dns", "dns4", "dns6", "dnsaddr", "tcp", "udp", "p2p", "ipfs"}
@@ -55,3 +59,32 @@ def _value_ok(protocol: str, value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def parse_peer_multiaddr(text: str) -> Multiaddr:
+    """Parse an initial-peer multiaddr; it must name the peer (``/p2p/<id>``).
+
+    Raises ValueError with a sentence saying what a valid one looks like.
+    """
+    from hivemind.utils.multiaddr import Multiaddr  # heavy: only a node that joins needs the full parse
+
+    problem = peer_address_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
+    try:
+        maddr = Multiaddr(text)
+    except Exception:
+        raise ValueError(not_a_multiaddr(text)) from None
+    if "p2p" not in [p.name for p in maddr.protocols()]:
+        raise ValueError(no_peer_id(text))
+    return maddr
+
+
+def parse_announce(text: str) -> Multiaddr:
+    """Parse an address to announce; a ValueError says what a valid one looks like."""
+    from hivemind.utils.multiaddr import Multiaddr  # heavy: only a node that joins needs the full parse
+
+    try:
+        return Multiaddr(text)
+    except Exception:
+        raise ValueError(f"announce address {text!r} is not a multiaddr, e.g. /ip4/203.0.113.5/tcp/31337") from None

@@ -16,7 +16,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ import torch
 from hivemind.dht.validation import RecordValidatorBase
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
-from hivemind.utils.multiaddr import Multiaddr
 
 from swarm.addressbook import (
     BookEntry,
@@ -38,173 +36,14 @@ from swarm.addressbook import (
     save_book,
     save_port,
 )
-from swarm.dht_storage import StorageBudget, StorageStats, install_budgets, storage_stats
+from swarm.configs import MembershipConfig as MembershipConfig
+from swarm.dht_storage import StorageStats, install_budgets, storage_stats
 from swarm.errors import BootstrapFailed, PortInUse
 from swarm.identity import Identity
 from swarm.loop import LoopThread
-from swarm.maddr import no_peer_id, not_a_multiaddr, peer_address_problem
+from swarm.maddr import parse_peer_multiaddr as parse_peer_multiaddr
 
 logger = logging.getLogger(__name__)
-
-
-def parse_peer_multiaddr(text: str) -> Multiaddr:
-    """Parse an initial-peer multiaddr; it must name the peer (``/p2p/<id>``).
-
-    Raises ValueError with a sentence saying what a valid one looks like.
-    """
-    problem = peer_address_problem(text)
-    if problem is not None:
-        raise ValueError(problem)
-    try:
-        maddr = Multiaddr(text)
-    except Exception:
-        raise ValueError(not_a_multiaddr(text)) from None
-    if "p2p" not in [p.name for p in maddr.protocols()]:
-        raise ValueError(no_peer_id(text))
-    return maddr
-
-
-@dataclass
-class MembershipConfig:
-    """How this node listens and whom it joins through."""
-
-    swarm_id: str = field(default="swarm-node", metadata={"help": "Name of the swarm; keys are namespaced by it."})
-    host: str = field(default="0.0.0.0", metadata={"help": "IPv4 address to listen on."})
-    port: int = field(default=0, metadata={"help": "TCP port to listen on; 0 picks a free one."})
-    announce: tuple[str, ...] = field(
-        default=(), metadata={"help": "Multiaddrs to announce instead of the listen addresses (behind NAT)."}
-    )
-    initial_peers: tuple[str, ...] = field(default=(), metadata={"help": "Multiaddrs of peers to join through."})
-    client_mode: bool = field(
-        default=False, metadata={"help": "Do not accept incoming connections (nodes behind NAT)."}
-    )
-    use_relay: bool = field(
-        default=True, metadata={"help": "Reach peers behind NAT through libp2p circuit relays (hivemind use_relay)."}
-    )
-    use_auto_relay: bool = field(
-        default=False, metadata={"help": "Look for a relay to be reachable through when behind NAT (use_auto_relay)."}
-    )
-    address_book: bool = field(
-        default=True,
-        metadata={"help": "Keep peers seen in <identity>.peers.json and rejoin through them when --peers are gone."},
-    )
-    address_book_every_s: float = field(default=30.0, metadata={"help": "Longest wait between address book updates."})
-    bootstrap_attempts: int = field(default=4, metadata={"help": "Tries to reach an initial peer before giving up."})
-    # A joiner hears its first peer's batches within a few rounds (seconds); a minute also covers a real
-    # model's first round on a CPU, so a node merely slow to start is not called alone.
-    alone_after_s: float = field(
-        default=60.0,
-        metadata={"help": "Seconds without a batch from a peer of this swarm before the node says it trains alone."},
-    )
-    bootstrap_backoff_s: float = field(default=1.0, metadata={"help": "First wait between tries; doubles each time."})
-    startup_timeout_s: float = field(default=30.0, metadata={"help": "Bound on starting the DHT process."})
-    shutdown_timeout_s: float = field(default=5.0, metadata={"help": "Bound on a clean shutdown."})
-    # DHT memory bounds (swarm.dht_storage). Sized from the protocol: a descriptor is <= 2 KiB
-    # (~0.75 KiB charged for a typical one, overhead included), lives 300 s in windows of 30 s, so
-    # about 11 window keys are alive at once; sync records are <= 1 KiB.
-    dht_key_bytes: int = field(
-        default=1024 * 1024,
-        metadata={
-            "help": "Most bytes one DHT key may hold here (~1,400 typical descriptors, ~430 of the largest); "
-            "keeps every key far below hivemind's 4 MiB message cap, above which nobody can read it."
-        },
-    )
-    dht_key_subkeys: int = field(default=2048, metadata={"help": "Most subkeys (publishers) one DHT key may hold."})
-    dht_storage_bytes: int = field(
-        default=32 * 1024 * 1024,
-        metadata={
-            "help": "Byte budget of the DHT records this node stores for the swarm (11 full window keys and "
-            "the sync keys take ~12 MiB); above it the records expiring soonest are evicted."
-        },
-    )
-    dht_cache_bytes: int = field(
-        default=8 * 1024 * 1024, metadata={"help": "Byte budget of this node's cache of DHT lookup results."}
-    )
-    dht_cache_keys: int = field(
-        default=512, metadata={"help": "Most keys in the DHT lookup cache (hivemind's cache_size)."}
-    )
-    dht_owners_only: bool = field(
-        default=True,
-        metadata={
-            "help": "Keep a record another peer stores here only if that peer signed it (its subkey): a flood "
-            "of records from minted keys then needs one live host per record (swarm.dht_storage)."
-        },
-    )
-    # Per-sender quota, sized from what one honest peer keeps alive on a replica (with few nodes, every
-    # replica holds every key): its state record (~0.9 KiB charged), the join and vote records of its rounds
-    # of the last ~95 s (~0.8 KiB each; ~19 + 19 at one round per 5 s gather window, ~70 + 70 in the tests'
-    # sub-second rounds) and one descriptor per live window key and shard level (<= 2.4 KiB each: 11 windows
-    # x 2 levels by default, 242 with the longest descriptor lifetime, 3600 s): ~60 entries / ~85 KiB
-    # typically, ~150 at most in practice. A peer over its quota loses its own entries expiring soonest:
-    # an honest one its oldest windows' descriptors and finished rounds' records, which no one reads.
-    dht_sender_entries: int = field(
-        default=256,
-        metadata={
-            "help": "Most entries the stores of one peer may hold here (an honest peer keeps ~60, ~150 with "
-            "sub-second sync rounds); past it, that peer's own records expiring soonest are evicted, no one "
-            "else's: one host flooding valid records of its own under made-up keys then evicts nothing honest "
-            "(swarm.dht_storage)."
-        },
-    )
-    dht_sender_bytes: int = field(
-        default=1024 * 1024,
-        metadata={
-            "help": "Most bytes the stores of one peer may hold here (an honest peer keeps ~85 KiB, ~0.6 MiB "
-            "with hour-long descriptors; at least dht_key_bytes); with dht_sender_entries, filling "
-            "dht_storage_bytes takes ~25 live hosts of the largest records, ~75 of state records."
-        },
-    )
-
-    def storage_budget(self) -> StorageBudget:
-        """Bounds of the records this node stores for the swarm."""
-        return StorageBudget(
-            self.dht_storage_bytes, self.dht_key_bytes, self.dht_key_subkeys, owners_only=self.dht_owners_only,
-            sender_entries=self.dht_sender_entries, sender_bytes=self.dht_sender_bytes,
-        )  # fmt: skip
-
-    def cache_budget(self) -> StorageBudget:
-        """Bounds of this node's lookup cache (remote peers write none of it, so no sender quota is needed)."""
-        return StorageBudget(
-            self.dht_cache_bytes, self.dht_key_bytes, self.dht_key_subkeys, self.dht_cache_keys, self.dht_owners_only
-        )
-
-    def _check_dht_bounds(self) -> None:
-        if not 8192 <= self.dht_key_bytes <= 3 * 1024 * 1024:
-            raise ValueError(
-                f"dht_key_bytes={self.dht_key_bytes}; use 8192..3145728 (a key above hivemind's 4 MiB "
-                "message cap cannot be read back), e.g. 1048576"
-            )
-        for name in ("dht_storage_bytes", "dht_cache_bytes"):
-            if getattr(self, name) < self.dht_key_bytes:
-                raise ValueError(f"{name}={getattr(self, name)} < dht_key_bytes={self.dht_key_bytes}; raise {name}")
-        for name in ("dht_key_subkeys", "dht_cache_keys", "dht_sender_entries"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}; use at least 1")
-        if self.dht_sender_bytes < self.dht_key_bytes:  # the largest record a key admits must fit one quota
-            raise ValueError(
-                f"dht_sender_bytes={self.dht_sender_bytes} < dht_key_bytes={self.dht_key_bytes}; "
-                "raise dht_sender_bytes (e.g. 1048576)"
-            )
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port {self.port} is out of range; use 0-65535 (0 picks a free port)")
-        if not self.swarm_id or "/" in self.swarm_id or ":" in self.swarm_id:
-            raise ValueError(f"swarm id {self.swarm_id!r} must be non-empty without '/' or ':'")
-        if not self.alone_after_s > 0:
-            raise ValueError(f"alone_after_s={self.alone_after_s}; use seconds above 0, e.g. 60")
-        if self.bootstrap_attempts < 1:
-            raise ValueError(f"bootstrap_attempts={self.bootstrap_attempts}; use at least 1")
-        self._check_dht_bounds()
-        for m in self.initial_peers:
-            parse_peer_multiaddr(m)
-        for m in self.announce:
-            try:
-                Multiaddr(m)
-            except Exception:
-                raise ValueError(
-                    f"announce address {m!r} is not a multiaddr, e.g. /ip4/203.0.113.5/tcp/31337"
-                ) from None
 
 
 def classify_start_error(message: str) -> str | None:

@@ -13,13 +13,13 @@ import hashlib
 import io
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from node.core.checkpoint_round import CHECKPOINT_FILE, write_round
+from node.core.configs import CheckpointConfig as CheckpointConfig
 
 logger = logging.getLogger(__name__)
 
@@ -31,20 +31,6 @@ TEMPORARY = "checkpoint.pt.tmp"
 
 class CheckpointError(Exception):
     """No intact checkpoint could be loaded although some exist."""
-
-
-@dataclass(frozen=True)
-class CheckpointConfig:
-    """When the node writes checkpoints and whether it starts from one."""
-
-    checkpoint_every: int = field(
-        default=50, metadata={"help": "Write a checkpoint every K rounds (and on leave); 0 = never."}
-    )
-    resume: bool = field(default=False, metadata={"help": "Start from the latest intact checkpoint if there is one."})
-
-    def __post_init__(self) -> None:
-        if self.checkpoint_every < 0:
-            raise ValueError(f"--checkpoint-every {self.checkpoint_every}: use 0 (off) or a positive number of rounds")
 
 
 def encode(state: dict[str, Any]) -> bytes:

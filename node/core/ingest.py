@@ -23,6 +23,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, MutableSet, Sequence
 from dataclasses import dataclass, field
 
+from node.core.configs import IngestConfig as IngestConfig
 from node.core.pool import ExternalPool
 from node.core.record import Collected, PublisherTally
 from node.tasks.acceptance import Acceptance
@@ -32,54 +33,6 @@ from protocol import Descriptor, RolloutBatch, RolloutGroup, short_id
 from swarm.exchange import CollectResult
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class IngestConfig:
-    """Per-round bounds on re-verifying peers' groups (all refusals past them are counted)."""
-
-    max_groups_per_publisher: int = field(
-        default=16,
-        metadata={"help": "Groups of one publisher verified per round (an honest batch has local_groups, 4)."},
-    )
-    # A build costs < 0.1 ms (chain_sum, gcd, ...) to ~20-100 ms (spell_backward reads a word list), see
-    # node.tasks.reasoning_gym: 4 keep a tiny node's round within ~0.1-0.4 s of its 0.04 s under a flood of
-    # new seeds (measured 0.21 s with 8), while an honest peer, one seed per family, is built once and cached.
-    max_task_builds: int = field(
-        default=4, metadata={"help": "Expensive task regenerations (new reasoning-gym datasets) per round."}
-    )
-    max_task_builds_per_publisher: int = field(
-        default=2, metadata={"help": "Of those, at most this many caused by one publisher per round."}
-    )
-    max_ingest_s: float = field(
-        default=1.0, metadata={"help": "Seconds one round may spend re-verifying; later groups are refused."}
-    )
-    accept_tokens: int = field(
-        default=0,
-        metadata={
-            "help": "Longest peer completion accepted, in this model's tokens; 0: its own max_new_tokens. "
-            "The model's context always bounds it."
-        },
-    )
-    completion_slack_tokens: int = field(
-        default=2,
-        metadata={
-            "help": "Tokens a peer's completion may exceed this node's max_new_tokens by: re-tokenising "
-            "decoded text can add one or two (a character cut mid-way decodes to U+FFFD)."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        counts = ("max_groups_per_publisher", "max_task_builds", "max_task_builds_per_publisher")
-        for name in counts:
-            if getattr(self, name) < 0:
-                raise ValueError(f"IngestConfig.{name}={getattr(self, name)}; use 0 (refuse all) or more")
-        if not 0 < self.max_ingest_s <= 600:
-            raise ValueError(f"IngestConfig.max_ingest_s={self.max_ingest_s}; use seconds in (0, 600]")
-        if self.accept_tokens < 0:
-            raise ValueError(f"IngestConfig.accept_tokens={self.accept_tokens}; use 0 (the node's own budget) or more")
-        if not 0 <= self.completion_slack_tokens <= 64:
-            raise ValueError(f"IngestConfig.completion_slack_tokens={self.completion_slack_tokens}; use 0-64")
 
 
 @dataclass

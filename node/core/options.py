@@ -7,14 +7,17 @@ field carries its help text and CLI spelling in its metadata;
 keys of the config file and the file ``swarm-node init`` writes), and
 :func:`to_argv` turns values back into a command line for child processes.
 
-This module imports only the standard library, so parsing the command line
-(and every one-sentence error) stays fast. Where an option feeds a
-component's config it carries that config field's name (the flag keeps the
-user's word, e.g. ``--sync-window`` for ``matchmaking_timeout_s``) and its
-default: :func:`node.core.assemble.node_configs` builds the components by
-matching names, and ``tests/node/test_options.py`` checks that every option
-feeds a field of its name and that the default options give exactly the
-components' own defaults.
+This module imports only the standard library and the component configs'
+stdlib-only modules (:mod:`node.core.configs`, :mod:`node.training.configs`,
+:mod:`node.training.offpolicy`, :mod:`swarm.configs`), so parsing the command
+line (and every one-sentence error) stays fast. Where an option feeds a
+component's config it is built by :func:`from_field` from that config field,
+the one declaration of its help, default, range and choices; the option adds
+only the user's spelling (e.g. ``--sync-window`` for ``matchmaking_timeout_s``)
+and, where the node's default differs (0 or None: the model's own), that
+default. :func:`node.core.assemble.node_configs` builds the components by
+matching names; ``tests/node/test_options.py`` walks every option and refuses
+one that restates what its component field declares.
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ import operator
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
+
+from node.core.configs import DEFAULT_IDENTITY as DEFAULT_IDENTITY
+from node.core.configs import DEFAULT_MODEL as DEFAULT_MODEL
+from node.core.configs import REPORT_TO as REPORT_TO
+from node.core.configs import CheckpointConfig, IngestConfig, NodeConfig
+from node.training.configs import AdapterConfig, EvalConfig, GenerationConfig, GRPOConfig
+from node.training.offpolicy import OffPolicyConfig
+from swarm.configs import MembershipConfig, OuterSyncConfig
 
 NODE = "node"
 SYNC = "outer sync (DiLoCo, among peers of the same architecture)"
@@ -76,6 +87,45 @@ def option(
     return field(default=default, metadata=meta)
 
 
+RANGE_KEYS = ("min", "max", "above", "below", "or_zero")
+"""A number field's range keys in its metadata (see :func:`option`); a component field declares them the same way."""
+FROM_SOURCE = ("help", "choices", *RANGE_KEYS)
+"""What an option built by :func:`from_field` takes from its component field."""
+_SOURCE: Any = object()  # from_field's "the component field's own default"
+
+
+def from_field(
+    source: type[Any],
+    name: str,
+    *,
+    default: Any = _SOURCE,
+    or_zero: bool = False,
+    note: str = "",
+    group: str = NODE,
+    flag: str = "",
+    short: str = "",
+    count: bool = False,
+    hidden: bool = False,
+    inherit: bool = False,
+    csv: bool = False,
+) -> Any:
+    """An :func:`option` that feeds field ``name`` of component config ``source``: its help, range, choices and
+    default are that field's (the one place they are declared); only the CLI's spelling is given here.
+
+    A node-level ``default`` (e.g. 0 or None for "the model's own", found by :mod:`node.core.assemble`)
+    replaces the component's, ``or_zero`` admits that 0 beside the component's range, and ``note`` adds
+    what that default means to the help in parentheses. ``tests/node/test_options.py`` walks every option
+    and refuses one that restates what its component field declares.
+    """
+    src = next(f for f in fields(source) if f.name == name)
+    meta = {k: src.metadata.get(k) for k in RANGE_KEYS} | {"choices": tuple(src.metadata.get("choices", ()))}
+    meta["or_zero"] = bool(meta["or_zero"]) or or_zero
+    meta |= {"help": f"{src.metadata['help']} ({note})" if note else src.metadata["help"], "source": source}
+    meta |= {"group": group, "flag": flag, "short": short, "count": count, "hidden": hidden, "inherit": inherit}
+    meta |= {"csv": csv, "node_default": default is not _SOURCE}
+    return field(default=src.default if default is _SOURCE else default, metadata=meta)
+
+
 def bounds(
     *,
     min: float | None = None,
@@ -97,299 +147,146 @@ def first_range_error(obj: Any, flagged: list[Any]) -> str | None:
     return None
 
 
-REPORT_TO = ("none", "tensorboard", "wandb")
-"""Where ``--report-to`` also logs per-round scalars (TRL's ``report_to``): each but none is an optional package."""
-
-DEFAULT_MODEL = "tiny-s"
-DEFAULT_IDENTITY = "~/.swarm-node/identity.key"
-
-
 @dataclass
 class NodeOptions:
     """The options of every node command (``start``, ``join``, ``local``)."""
 
-    model: str = option(DEFAULT_MODEL, "built-in model name or local HF model folder")
-    tasks: tuple[str, ...] = option(
-        (),
-        "task family (repeatable; default: the model's: the tiny built-ins for a tiny model, the reasoning-gym "
-        "families where it gets a learning signal for a real LM)",
-        flag="--task",
+    model: str = from_field(NodeConfig, "model")
+    tasks: tuple[str, ...] = from_field(NodeConfig, "tasks", flag="--task", inherit=True)
+    accept_tasks: tuple[str, ...] = from_field(NodeConfig, "accept_tasks", flag="--accept-task", inherit=True)
+    accept_tokens: int = from_field(IngestConfig, "accept_tokens", inherit=True)
+    seed: int = from_field(NodeConfig, "seed")
+    rounds: int = from_field(NodeConfig, "rounds", inherit=True)
+    warm_start_steps: int = from_field(NodeConfig, "warm_start_steps", flag="--warm-start", inherit=True)
+    local_groups: int = from_field(NodeConfig, "local_groups", flag="--local", inherit=True)
+    external_groups: int = from_field(NodeConfig, "external_groups", flag="--external", inherit=True)
+    num_generations: int = from_field(NodeConfig, "num_generations", flag="--generations", inherit=True)
+    max_new_tokens: int = from_field(
+        GenerationConfig,
+        "max_new_tokens",
         inherit=True,
+        default=0,
+        or_zero=True,
+        note="0: the model's default: 1 for built-in tiny models, 32 smollm2-135m, else 64",
     )
-    accept_tasks: tuple[str, ...] = option(
-        (), "task family learned from peers' groups without generating it (repeatable)", flag="--accept-task",
-        inherit=True,
-    )  # fmt: skip
-    accept_tokens: int = option(
-        0, "longest peer completion accepted, in this model's tokens (0: its own --max-new-tokens)", inherit=True, min=0
-    )
-    seed: int = option(
-        0,
-        "seed for sampling, generation and the initial weights (with the outer sync on, every peer of one model "
-        "starts from the same weights)",
-    )
-    rounds: int = option(0, "rounds to run; 0 runs until stopped", inherit=True, min=0)
-    warm_start_steps: int = option(
-        0, "supervised steps on gold answers before the first round, the same on every node (a stand-in for "
-        "a pretrained model: all nodes of one model and task set start from one prior); 0: off",
-        flag="--warm-start", inherit=True, min=0, max=100_000,
-    )  # fmt: skip
-    local_groups: int = option(4, "I: local groups per round", flag="--local", inherit=True, min=1)
-    external_groups: int = option(4, "J: external groups per round", flag="--external", inherit=True, min=0)
-    num_generations: int = option(8, "G: completions per question", flag="--generations", inherit=True, min=2, max=64)
-    max_new_tokens: int = option(
-        0, "tokens per completion (0: the model's default: 1 for built-in tiny models, 32 smollm2-135m, else 64)",
-        inherit=True, min=0, max=4096,
-    )  # fmt: skip
-    temperature: float = option(1.0, "sampling temperature", inherit=True, min=0, max=100)
-    sample_precision: str = option(
-        "auto", "weights that sample: auto (bfloat16 where the CPU has native bf16 and the node trains an "
-        "adapter on a model of 10M+ parameters; training and held-out scoring stay float32), float32, bfloat16",
-        inherit=True, choices=("auto", "float32", "bfloat16"),
-    )  # fmt: skip
-    learning_rate: float | None = option(
-        None,
-        "learning rate (default: the model's: 1e-3 tiny, 2e-6 smollm2-135m, 2e-5 with --adapter lora)",
+    temperature: float = from_field(GenerationConfig, "temperature", inherit=True)
+    sample_precision: str = from_field(GenerationConfig, "sample_precision", inherit=True)
+    learning_rate: float | None = from_field(
+        GRPOConfig,
+        "learning_rate",
         flag="--lr",
         inherit=True,
-        above=0,
-        below=1,
+        default=None,
+        note="default: the model's: 1e-3 tiny, 2e-6 smollm2-135m, 2e-5 with --adapter lora",
     )
-    lr_scheduler_type: str = option(
-        "constant", "learning-rate schedule by round: constant, or linear or cosine decay from --lr to --lr-floor x "
-        "--lr over --lr-decay-rounds, then held there", flag="--lr-schedule", inherit=True,
-        choices=("constant", "linear", "cosine"),
-    )  # fmt: skip
-    lr_decay_rounds: int = option(
-        0, "rounds over which --lr-schedule decays the rate (0: --rounds)", inherit=True, min=0, max=10_000_000
+    lr_scheduler_type: str = from_field(GRPOConfig, "lr_scheduler_type", flag="--lr-schedule", inherit=True)
+    lr_decay_rounds: int = from_field(GRPOConfig, "lr_decay_rounds", inherit=True)
+    min_lr_rate: float = from_field(GRPOConfig, "min_lr_rate", flag="--lr-floor", inherit=True)
+    sampling: str = from_field(NodeConfig, "sampling", inherit=True)
+    max_source_share: float = from_field(NodeConfig, "max_source_share", inherit=True)
+    min_token_logp: float | None = from_field(
+        OffPolicyConfig, "min_token_logp", group=OFFPOLICY, flag="--external-min-logp", inherit=True
     )
-    min_lr_rate: float = option(
-        0.0, "the rate at the end of --lr-schedule's decay, as a fraction of --lr", flag="--lr-floor", inherit=True,
-        min=0, max=1,
-    )  # fmt: skip
-    sampling: str = option(
-        "advantage",
-        "external group choice: uniform, advantage (groups with signal first) or credit (then by what their sources "
-        "taught this node)",
+    is_cap: float = from_field(OffPolicyConfig, "is_cap", group=OFFPOLICY, flag="--external-is-cap", inherit=True)
+    max_publisher_share: float = from_field(OffPolicyConfig, "max_publisher_share", group=OFFPOLICY, inherit=True)
+    max_logp_gap: float = from_field(
+        OffPolicyConfig, "max_logp_gap", group=OFFPOLICY, flag="--external-max-logp-gap", inherit=True
+    )
+    baseline: str = from_field(OffPolicyConfig, "baseline", group=OFFPOLICY, flag="--external-baseline", inherit=True)
+    successes_only: bool = from_field(
+        OffPolicyConfig, "successes_only", group=OFFPOLICY, flag="--no-external-successes-only", inherit=True
+    )
+    adaptive_share: bool = from_field(
+        OffPolicyConfig, "adaptive_share", group=OFFPOLICY, flag="--no-adaptive-share", inherit=True
+    )
+    share_threshold: float = from_field(OffPolicyConfig, "share_threshold", group=OFFPOLICY, inherit=True)
+    gradient_checkpointing: bool = from_field(GRPOConfig, "gradient_checkpointing", inherit=True)
+    micro_batch_size: int = from_field(
+        GRPOConfig,
+        "micro_batch_size",
+        flag="--micro-batch",
         inherit=True,
-        choices=("uniform", "advantage", "credit"),
-    )
-    max_source_share: float = option(
-        0.5, "most rows one peer may supply to a training step, as a share of this node's own rows (I x G); with "
-        "each peer group cut to G completions and its mean |advantage| at most 1, it bounds that peer's share of "
-        "the step's advantage mass too", inherit=True, above=0, max=16,
-    )  # fmt: skip
-    min_token_logp: float | None = option(
-        None, "likelihood filter: drop a peer's completion whose mean token log-prob here is below this (e.g. -5)",
-        group=OFFPOLICY, flag="--external-min-logp", inherit=True, below=0,
-    )  # fmt: skip
-    is_cap: float = option(
-        0.0, "truncated importance weight of a peer's completion: min(p_here / p_publisher, cap); 0: off",
-        group=OFFPOLICY, flag="--external-is-cap", inherit=True, min=0, max=100,
-    )  # fmt: skip
-    max_publisher_share: float = option(
-        0.34, "most of a step's informative rows (non-zero advantage) and of its advantage mass one peer may supply; "
-        "this node's own rows count in the whole and are never cut; 1: off",
-        group=OFFPOLICY, inherit=True, above=0, max=1,
-    )  # fmt: skip
-    max_logp_gap: float = option(
-        2.0, "plausibility gate: weight 0 for a peer's completion whose mean token log-prob here lies more than this "
-        "many nats below the median of this node's own recent completions; 0: off",
-        group=OFFPOLICY, flag="--external-max-logp-gap", inherit=True, min=0, max=50,
-    )  # fmt: skip
-    baseline: str = option(
-        "receiver", "baseline of peers' groups: group (their mean) or receiver (this node's mean reward on the family)",
-        group=OFFPOLICY, flag="--external-baseline", inherit=True, choices=("group", "receiver"),
-    )  # fmt: skip
-    successes_only: bool = option(
-        True, "success-only guidance, on by default: a peer's completions teach only where they did better than this "
-        "node expects (their negative advantages become 0); this flag turns it off (docs/EXPERIMENTS.md)",
-        group=OFFPOLICY, flag="--no-external-successes-only", inherit=True,
-    )  # fmt: skip
-    adaptive_share: bool = option(
-        True, "adaptive share, on by default: each step measures what a peer's group moves this node's own objective "
-        "against one of its own, and gives a slot of --external back to its own groups (one more generated) while "
-        "peers' do less; this flag keeps all --external slots for peers' groups",
-        group=OFFPOLICY, flag="--no-adaptive-share", inherit=True,
-    )  # fmt: skip
-    share_threshold: float = option(
-        1.0, "the adaptive share keeps peers' groups while one moves this node's objective at least this many "
-        "times as far as one of its own", group=OFFPOLICY, inherit=True, above=0, max=10,
-    )  # fmt: skip
-    gradient_checkpointing: bool = option(
-        False,
-        "recompute activations in the backward pass: less memory for a real LM, ~1/3 more training time",
-        inherit=True,
-    )
-    micro_batch_size: int = option(
-        0, "completions per forward/backward pass (0: the model's default)", flag="--micro-batch", inherit=True, min=0
-    )
-    diagnose_groups: bool = option(
-        False, "record per round and source what training used (log-probs, weights, gradient shares)",
-        group=OFFPOLICY, inherit=True,
-    )  # fmt: skip
-    adapter: str = option(
-        "none", "none (train every weight) or lora (train low-rank adapters on the frozen model: a fraction of the "
-        "memory; only the adapters are checkpointed and averaged)", group=ADAPTER, inherit=True,
-        choices=("none", "lora"),
-    )  # fmt: skip
-    lora_rank: int = option(16, "rank r of each adapter", group=ADAPTER, inherit=True, min=1, max=4096)
-    lora_alpha: int = option(
-        32, "adapter scale: its update is multiplied by alpha / r", group=ADAPTER, inherit=True, min=1, max=65536
-    )
-    lora_dropout: float = option(
-        0.0, "dropout on the adapters' input in training passes", group=ADAPTER, inherit=True, min=0, below=1
-    )
-    lora_targets: str = option(
-        "", "comma list of module names to adapt (default: the attention and MLP projections the model has: "
-        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj on Llama-family, c_attn,c_proj,c_fc on GPT-2)",
-        group=ADAPTER, inherit=True,
-    )  # fmt: skip
-    overlap_network: bool = option(
-        True, "each round waits for its own publish and collect (default: they run beside the rounds)",
-        flag="--wait-network", inherit=True,
-    )  # fmt: skip
-    network_wait_s: float = option(
-        0.05,
-        "longest a round waits for the collect it started (s; at most its own generation time); a slower one is "
-        "ingested later",
-        flag="--network-wait",
-        inherit=True,
-        min=0,
-        max=60,
-    )
-    min_generate_s: float = option(
-        0.0,
-        "shortest a round's generation lasts (s): a faster node waits out the rest before sharing, as a bigger "
-        "model would, so a local swarm of tiny models keeps a real swarm's round length (0: off)",
-        flag="--min-generate",
-        inherit=True,
-        min=0,
-        max=3600,
-    )
-    log_dir: str = option("runs", "metrics go to <log-dir>/<peer-short-id>/metrics.jsonl")
-    device: str = option(
-        "auto",
-        "where the model runs (auto: cuda, then mps, then cpu)",
-        inherit=True,
-        choices=("auto", "cpu", "cuda", "mps"),
-    )
-    max_threads: int = option(0, "cap torch CPU threads (0: torch default)", min=0)
-    verbose: int = option(0, "more log detail (-vv for debug)", short="-v", count=True, inherit=True)
-    report_to: str = option(
-        "none", "also log per-round scalars (reward, held-out accuracy, groups used, sync commits; step: the round) "
-        "to tensorboard (files in <log-dir>/<peer-short-id>/tensorboard) or wandb; each needs its package",
-        inherit=True, choices=REPORT_TO,
-    )  # fmt: skip
-    sync_every: int = option(0, "rounds between outer syncs (H); 0 turns sync off", group=SYNC, inherit=True, min=0)
-    sync_period_s: float = option(
-        0.0,
-        "sync on a shared clock instead: every peer of an architecture starts a sync at each multiple of this many "
-        "seconds of wall time, so peers of different speeds meet (turns the sync on; e.g. 60)",
-        group=SYNC,
-        flag="--sync-period",
-        inherit=True,
-        min=1,
+        default=0,
         or_zero=True,
+        note="0: the model's default",
     )
-    eager: bool = option(
-        True, "training waits for each sync (default: it runs beside training, applied one step late)", group=SYNC,
-        flag="--sync-blocking", inherit=True,
-    )  # fmt: skip
-    matchmaking_timeout_s: float = option(
-        5.0, "gather window: peers arriving within it form a group (s)", group=SYNC, flag="--sync-window",
-        inherit=True, above=0,
-    )  # fmt: skip
-    allreduce_timeout_s: float = option(
-        60.0, "bound on one sync's all-reduce (s); grows for a model whose bytes take longer at --sync-min-mbit",
-        group=SYNC, flag="--sync-timeout", inherit=True, min=5,
-    )  # fmt: skip
-    min_link_mbit: float = option(
-        20.0, "slowest link (Mbit/s each way) a sync member is expected to have: the all-reduce and state "
-        "download bounds grow to what the model's bytes take at this rate", group=SYNC, flag="--sync-min-mbit",
-        inherit=True, above=0,
-    )  # fmt: skip
-    compression: str = option(
-        "none", "wire encoding of the all-reduce", group=SYNC, flag="--sync-compression", inherit=True,
-        choices=("none", "fp16", "int8"),
-    )  # fmt: skip
-    direct_payloads: bool = option(
-        True,
-        "move the all-reduce's bytes on the encrypted P2P streams only (default: on direct TCP connections, "
-        "each payload's sha256 checked over the stream; about a third of the CPU, not encrypted)",
-        group=SYNC,
-        flag="--sync-stream-only",
-        inherit=True,
+    diagnose_groups: bool = from_field(NodeConfig, "diagnose_groups", group=OFFPOLICY, inherit=True)
+    adapter: str = from_field(AdapterConfig, "adapter", group=ADAPTER, inherit=True)
+    lora_rank: int = from_field(AdapterConfig, "lora_rank", group=ADAPTER, inherit=True)
+    lora_alpha: int = from_field(AdapterConfig, "lora_alpha", group=ADAPTER, inherit=True)
+    lora_dropout: float = from_field(AdapterConfig, "lora_dropout", group=ADAPTER, inherit=True)
+    lora_targets: str = from_field(AdapterConfig, "lora_targets", group=ADAPTER, inherit=True)
+    overlap_network: bool = from_field(NodeConfig, "overlap_network", flag="--wait-network", inherit=True)
+    network_wait_s: float = from_field(NodeConfig, "network_wait_s", flag="--network-wait", inherit=True)
+    min_generate_s: float = from_field(NodeConfig, "min_generate_s", flag="--min-generate", inherit=True)
+    log_dir: str = from_field(NodeConfig, "log_dir")
+    device: str = from_field(NodeConfig, "device", inherit=True)
+    max_threads: int = from_field(NodeConfig, "max_threads")
+    verbose: int = option(0, "more log detail (-vv for debug)", short="-v", count=True, inherit=True)
+    report_to: str = from_field(NodeConfig, "report_to", inherit=True)
+    sync_every: int = from_field(
+        OuterSyncConfig, "sync_every", group=SYNC, inherit=True, default=0, note="H; 0 turns sync off"
     )
-    outer_lr: float = option(
-        1.0,
-        "outer SGD learning rate; with --outer-momentum 0 each commit sets the anchor to the group's (clipped) "
-        "average, which taught best on held-out questions in two RL settings (docs/EXPERIMENTS.md); DiLoCo's "
-        "pretraining setting is 0.7 with momentum 0.9",
-        group=SYNC,
-        inherit=True,
-        above=0,
+    sync_period_s: float = from_field(OuterSyncConfig, "sync_period_s", group=SYNC, flag="--sync-period", inherit=True)
+    eager: bool = from_field(OuterSyncConfig, "eager", group=SYNC, flag="--sync-blocking", inherit=True)
+    matchmaking_timeout_s: float = from_field(
+        OuterSyncConfig, "matchmaking_timeout_s", group=SYNC, flag="--sync-window", inherit=True
     )
-    outer_momentum: float = option(
-        0.0,
-        "outer (Nesterov) SGD momentum; 0 with --outer-lr 1: the outer step is plain averaging",
+    allreduce_timeout_s: float = from_field(
+        OuterSyncConfig, "allreduce_timeout_s", group=SYNC, flag="--sync-timeout", inherit=True
+    )
+    min_link_mbit: float = from_field(
+        OuterSyncConfig, "min_link_mbit", group=SYNC, flag="--sync-min-mbit", inherit=True
+    )
+    compression: str = from_field(OuterSyncConfig, "compression", group=SYNC, flag="--sync-compression", inherit=True)
+    direct_payloads: bool = from_field(
+        OuterSyncConfig, "direct_payloads", group=SYNC, flag="--sync-stream-only", inherit=True
+    )
+    outer_lr: float = from_field(
+        OuterSyncConfig,
+        "outer_lr",
         group=SYNC,
         inherit=True,
-        min=0,
-        below=1,
+        default=1.0,
+        note="a node's 1 with --outer-momentum 0 sets the anchor to the group's (clipped) average at each commit, "
+        "which taught best on held-out questions in two RL settings (docs/EXPERIMENTS.md)",
     )
-    aggregator: str = option(
-        "centered_clip",
-        "how a reducer combines the (norm-clipped) parts: centered_clip, median, trimmed_mean (robust to one "
-        "member reversing the group's progress, from 3 members up) or mean",
-        group=SYNC,
-        flag="--sync-aggregator",
+    outer_momentum: float = from_field(OuterSyncConfig, "outer_momentum", group=SYNC, inherit=True, default=0.0)
+    aggregator: str = from_field(OuterSyncConfig, "aggregator", group=SYNC, flag="--sync-aggregator", inherit=True)
+    eval_every: int | None = from_field(
+        EvalConfig,
+        "eval_every",
+        group=EVAL,
         inherit=True,
-        choices=("mean", "trimmed_mean", "median", "centered_clip"),
+        default=None,
+        note="default: the model's: every 200 rounds for built-in tiny models, 2-13 percent of their run; off for a "
+        "real LM, whose evaluation takes minutes on a CPU",
     )
-    eval_every: int | None = option(
-        None, "rounds between held-out evaluations, also run before the first round and after the last (default: "
-        "the model's: every 200 rounds for built-in tiny models, 2-13 percent of their run; off for a real LM, "
-        "whose evaluation takes minutes on a CPU; 0: off)", group=EVAL, inherit=True, min=0,
-    )  # fmt: skip
-    eval_items: int = option(64, "held-out questions per task family", group=EVAL, inherit=True, min=1, max=4096)
-    eval_samples: int = option(
-        8, "sampled completions per held-out question, for the mean reward beside greedy accuracy (0: greedy only)",
-        group=EVAL, inherit=True, min=0, max=64,
-    )  # fmt: skip
-    eval_timeout_s: float = option(
-        60.0, "longest one evaluation runs (s); past it the scores cover the questions done", group=EVAL,
-        flag="--eval-timeout", inherit=True, above=0,
-    )  # fmt: skip
-    checkpoint_every: int = option(
-        50, "rounds between checkpoints (also written on leave); 0: off", group=CHECKPOINTS, inherit=True, min=0
-    )
-    resume: bool = option(
-        False, "continue from the latest intact checkpoint in the log dir", group=CHECKPOINTS, inherit=True
-    )
+    eval_items: int = from_field(EvalConfig, "eval_items", group=EVAL, inherit=True)
+    eval_samples: int = from_field(EvalConfig, "eval_samples", group=EVAL, inherit=True)
+    eval_timeout_s: float = from_field(EvalConfig, "eval_timeout_s", group=EVAL, flag="--eval-timeout", inherit=True)
+    checkpoint_every: int = from_field(CheckpointConfig, "checkpoint_every", group=CHECKPOINTS, inherit=True)
+    resume: bool = from_field(CheckpointConfig, "resume", group=CHECKPOINTS, inherit=True)
     dashboard_port: int | None = option(
         None, "serve the live dashboard on this port (0: any)", group=DASHBOARD, min=0, max=65535
     )
     dashboard_host: str = option("127.0.0.1", "dashboard bind address (0.0.0.0: your network)", group=DASHBOARD)
-    identity: str = option(DEFAULT_IDENTITY, "Ed25519 key file (created if missing)", group=NETWORK)
+    identity: str = from_field(NodeConfig, "identity", group=NETWORK)
     host_port: str | None = option(
         None,
         "listen address as PORT or HOST:PORT; port 0 reuses this identity's last port if free, else any "
         "(default 0.0.0.0:0)",
         group=NETWORK,
     )
-    announce: tuple[str, ...] = option((), "multiaddr to announce (repeatable)", group=NETWORK)
-    client_mode: bool = option(False, "accept no incoming connections (behind NAT)", group=NETWORK)
-    use_relay: bool = option(True, "do not use libp2p circuit relays to reach peers", group=NETWORK, flag="--no-relay")
-    use_auto_relay: bool = option(
-        False, "find a relay to be reachable through (behind NAT)", group=NETWORK, flag="--auto-relay"
+    announce: tuple[str, ...] = from_field(MembershipConfig, "announce", group=NETWORK)
+    client_mode: bool = from_field(MembershipConfig, "client_mode", group=NETWORK)
+    use_relay: bool = from_field(MembershipConfig, "use_relay", group=NETWORK, flag="--no-relay")
+    use_auto_relay: bool = from_field(MembershipConfig, "use_auto_relay", group=NETWORK, flag="--auto-relay")
+    bootstrap_attempts: int = from_field(MembershipConfig, "bootstrap_attempts", group=NETWORK)
+    swarm_id: str = from_field(MembershipConfig, "swarm_id", group=NETWORK, inherit=True)
+    alone_after_s: float = from_field(
+        MembershipConfig, "alone_after_s", group=NETWORK, flag="--alone-after", inherit=True
     )
-    bootstrap_attempts: int = option(4, "tries to reach --peer (backoff 1 s, doubling)", group=NETWORK, min=1)
-    swarm_id: str = option("swarm-node", "swarm name; keys are namespaced by it", group=NETWORK, inherit=True)
-    alone_after_s: float = option(
-        60.0, "seconds without a batch from a peer of this swarm before the node warns that it trains alone",
-        group=NETWORK, flag="--alone-after", inherit=True, above=0,
-    )  # fmt: skip
     ready_file: str | None = option(None, "write peer id and addresses here once up (for local)", hidden=True)
     hold: bool = option(False, "after the last round keep serving rollouts until stopped", hidden=True)
     go_file: str | None = option(None, "wait for this file before the first round", hidden=True)

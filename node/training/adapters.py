@@ -21,20 +21,19 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from node.training.configs import ADAPTERS as ADAPTERS
+from node.training.configs import AdapterConfig as AdapterConfig
+from node.training.configs import parse_targets as parse_targets
 from node.training.policy import default_compute_dtype
 from swarm.fingerprint import IDENTITY_ATTR
 
 logger = logging.getLogger(__name__)
-
-ADAPTERS = ("none", "lora")
 
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GPT2_TARGETS = ("c_attn", "c_proj", "c_fc")
@@ -48,81 +47,6 @@ frozen base is meant to be shared, and peers whose bases differ never average (`
 the adapters' init and the sampling). With the outer sync on, the trained weights (a built-in model's,
 or the adapters') start from this seed too: every peer of one model then starts at one revision-0
 state, so newcomers whose bootstrap peer is gone cannot start histories of their own from revision 0."""
-
-_TARGET_NAME = re.compile(r"[A-Za-z0-9_.]+")
-
-
-@dataclass(frozen=True)
-class AdapterConfig:
-    """Which adapter a node trains (``adapter="none"``: every weight, no adapter)."""
-
-    adapter: str = field(default="none", metadata={"help": "none (train every weight) or lora."})
-    lora_rank: int = field(default=16, metadata={"help": "LoRA rank r of each adapted layer."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha: the adapter's update is scaled by alpha / r."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the adapters' input in training passes."})
-    lora_targets: str = field(
-        default="",
-        metadata={"help": "Comma list of module names to adapt; empty: the attention and MLP projections the model "
-                  "has."},
-    )  # fmt: skip
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.adapter in ADAPTERS, f"--adapter {self.adapter}: use none or lora"),
-            (
-                not isinstance(self.lora_rank, bool) and 1 <= self.lora_rank <= 4096,
-                f"--lora-rank {self.lora_rank}: use a rank from 1 to 4096 (e.g. 8 or 16)",
-            ),
-            (
-                not isinstance(self.lora_alpha, bool) and 1 <= self.lora_alpha <= 65536,
-                f"--lora-alpha {self.lora_alpha}: use a positive scale, e.g. twice --lora-rank",
-            ),
-            (
-                0.0 <= self.lora_dropout < 1.0,
-                f"--lora-dropout {self.lora_dropout:g}: use a probability in [0, 1), e.g. 0.05",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-        for t in self.targets:
-            if not _TARGET_NAME.fullmatch(t):
-                raise ValueError(f"--lora-targets: {t!r} is not a module name; use a comma list such as q_proj,v_proj")
-
-    @property
-    def targets(self) -> tuple[str, ...]:
-        """The module names of ``lora_targets`` (empty: the default projections)."""
-        return parse_targets(self.lora_targets)
-
-    @property
-    def enabled(self) -> bool:
-        """Whether the node trains an adapter (else every weight)."""
-        return self.adapter != "none"
-
-    def describe(self, targets: tuple[str, ...]) -> str:
-        """The settings that fix what the adapter weights mean, with the ``targets`` resolved on a model.
-
-        Dropout is left out: it changes how the adapters are trained, not what their weights mean,
-        so peers that differ only in dropout may still average and resume each other's checkpoints.
-
-        >>> AdapterConfig("lora", lora_rank=8, lora_alpha=16).describe(("v_proj", "q_proj"))
-        'lora r=8 alpha=16 on q_proj,v_proj'
-        """
-        return f"{self.adapter} r={self.lora_rank} alpha={self.lora_alpha} on {','.join(sorted(targets))}"
-
-
-def parse_targets(text: str) -> tuple[str, ...]:
-    """``--lora-targets``' comma list as names (empty text: the default projections).
-
-    >>> parse_targets(" q_proj, v_proj "), parse_targets("")
-    (('q_proj', 'v_proj'), ())
-    """
-    if not text.strip():
-        return ()
-    names = tuple(t.strip() for t in text.split(","))
-    if not all(names):
-        raise ValueError(f"--lora-targets {text}: an empty name; use a comma list such as q_proj,v_proj")
-    return names
 
 
 def base_weights_sha256(model: torch.nn.Module) -> str:

@@ -18,11 +18,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from node.tasks.base import TaskFamily, TaskItem
 from node.tasks.heldout import eval_items
+from node.training.configs import EvalConfig as EvalConfig
 from node.training.policy import GenerationConfig
 
 CHUNK = 32
@@ -37,33 +38,6 @@ class Answerer(Protocol):
     def generate(self, prompts: list[str], n: int, cfg: GenerationConfig, seed: int | None = None) -> list[list[str]]:
         """``n`` completions per prompt; the same seed gives the same completions."""
         ...
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """When and how much a node evaluates."""
-
-    eval_every: int = field(default=0, metadata={"help": "Rounds between held-out evaluations (0: off)."})
-    eval_items: int = field(default=64, metadata={"help": "Held-out questions per task family."})
-    eval_samples: int = field(default=8, metadata={"help": "Sampled completions per question for the mean reward."})
-    eval_timeout_s: float = field(default=60.0, metadata={"help": "Longest one evaluation runs (s)."})
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.eval_every >= 0, f"eval_every={self.eval_every}; use 0 (off) or a positive number of rounds"),
-            (1 <= self.eval_items <= 4096, f"eval_items={self.eval_items}; use 1-4096 questions per family"),
-            (0 <= self.eval_samples <= 64, f"eval_samples={self.eval_samples}; use 0 (greedy only) to 64"),
-            (self.eval_timeout_s > 0, f"eval_timeout_s={self.eval_timeout_s}; use a positive number of seconds"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ValueError(msg)
-
-    def due(self, round: int, last_round: int) -> bool:
-        """Whether to evaluate after ``round`` (0: before the first): every ``eval_every`` rounds and after the last."""
-        if self.eval_every <= 0:
-            return False
-        return round % self.eval_every == 0 or (last_round > 0 and round == last_round)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +36,8 @@ from torch import Tensor
 
 from node.tasks.reasons import RejectReason
 from node.tasks.verify import TrainGroup
+from node.training.configs import LOSS_TYPES as LOSS_TYPES
+from node.training.configs import GRPOConfig as GRPOConfig
 from node.training.diagnostics import StepDiagnostics, flat_grad, source_key
 from node.training.offpolicy import (
     FamilyBaseline,
@@ -46,71 +48,10 @@ from node.training.offpolicy import (
     share_limit,
 )
 from node.training.policy import Policy
-from node.training.schedule import LR_SCHEDULES, scheduled_lr
+from node.training.schedule import scheduled_lr
 from node.training.share import PROBE, PartGradients, ShareSample, set_flat_grad, share_sample
 
 logger = logging.getLogger(__name__)
-
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo")
-
-
-@dataclass(frozen=True)
-class GRPOConfig:
-    """Hyper-parameters of the GRPO inner optimiser (TRL names where they exist)."""
-
-    learning_rate: float = field(
-        default=1e-3, metadata={"help": "AdamW learning rate (1e-3 suits the tiny built-in models)."}
-    )
-    beta: float = field(default=0.0, metadata={"help": "KL coefficient against the initial weights; 0 disables."})
-    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range: ratio >= 1 - epsilon."})
-    epsilon_high: float = field(default=0.28, metadata={"help": "Upper clip range: ratio <= 1 + epsilon_high."})
-    num_iterations: int = field(default=1, metadata={"help": "Optimiser updates per batch of groups (mu)."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clip; 0 disables clipping."})
-    scale_rewards: bool = field(default=True, metadata={"help": "Divide advantages by the group's std."})
-    loss_type: str = field(default="bnpo", metadata={"help": "Token averaging: grpo, bnpo or dr_grpo."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
-    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
-    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
-    lr_scheduler_type: str = field(
-        default="constant", metadata={"help": "Learning-rate schedule by round: constant, linear or cosine decay."}
-    )
-    lr_decay_rounds: int = field(
-        default=0, metadata={"help": "Rounds over which a schedule decays the rate (then it stays at the floor)."}
-    )
-    min_lr_rate: float = field(
-        default=0.0, metadata={"help": "The rate at the end of the decay, as a fraction of learning_rate."}
-    )
-    micro_batch_size: int = field(default=64, metadata={"help": "Completions per forward/backward pass."})
-    gradient_checkpointing: bool = field(
-        default=False,
-        metadata={"help": "Recompute each layer's activations in the backward pass instead of keeping them: "
-                  "less memory for a real LM, about a third more training compute."},
-    )  # fmt: skip
-
-    def __post_init__(self) -> None:
-        checks = [
-            (0 < self.learning_rate < 1, "learning_rate must be in (0, 1)"),
-            (self.beta >= 0, "beta must be >= 0"),
-            (0 <= self.epsilon < 1, "epsilon must be in [0, 1)"),
-            (self.epsilon_high >= 0, "epsilon_high must be >= 0"),
-            (1 <= self.num_iterations <= 64, "num_iterations must be in [1, 64]"),
-            (self.max_grad_norm >= 0, "max_grad_norm must be >= 0"),
-            (self.loss_type in LOSS_TYPES, f"loss_type must be one of {LOSS_TYPES}"),
-            (self.lr_scheduler_type in LR_SCHEDULES, f"lr_scheduler_type must be one of {LR_SCHEDULES}"),
-            (
-                self.lr_scheduler_type == "constant" or self.lr_decay_rounds >= 1,
-                "a decaying lr_scheduler_type needs lr_decay_rounds >= 1 (e.g. the run's rounds)",
-            ),
-            (0 <= self.min_lr_rate <= 1, "min_lr_rate must be in [0, 1]"),
-            (self.weight_decay >= 0, "weight_decay must be >= 0"),
-            (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1, "adam betas must be in [0, 1)"),
-            (self.adam_epsilon > 0, "adam_epsilon must be > 0"),
-            (self.micro_batch_size >= 1, "micro_batch_size must be >= 1"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"GRPOConfig: {message}")
 
 
 def group_advantages(rewards: Sequence[float], scale: bool = True) -> list[float]:

@@ -82,19 +82,30 @@ class OffPolicyConfig:
 
     min_token_logp: float | None = field(
         default=None,
-        metadata={"help": "Likelihood filter: drop an external completion whose mean token log-prob under this "
-                  "policy is below this (e.g. -5); None keeps all."},
-    )  # fmt: skip
+        metadata={
+            "help": (
+                "likelihood filter: drop a peer's completion whose mean token log-prob here is below this (e.g. -5)"
+            ),
+            "below": 0,
+        },
+    )
     is_cap: float = field(
         default=0.0,
-        metadata={"help": "Truncated importance weight: weight an external completion by min(p_own/p_publisher, "
-                  "cap) on the sequence (publisher's claimed log-prob); 0 turns it off."},
-    )  # fmt: skip
+        metadata={
+            "help": "truncated importance weight of a peer's completion: min(p_here / p_publisher, cap); 0: off",
+            "min": 0,
+            "max": 100,
+        },
+    )
     baseline: str = field(
         default="receiver",  # measured: docs/EXPERIMENTS.md, "Making shared rollouts teach"
-        metadata={"help": "External groups' baseline: group (their own mean) or receiver (this node's running "
-                  "mean reward on the task family)."},
-    )  # fmt: skip
+        metadata={
+            "help": (
+                "baseline of peers' groups: group (their mean) or receiver (this node's mean reward on the family)"
+            ),
+            "choices": BASELINES,
+        },
+    )
     baseline_momentum: float = field(
         default=0.9, metadata={"help": "EMA momentum of the receiver's per-family mean reward."}
     )
@@ -106,41 +117,67 @@ class OffPolicyConfig:
     # strongest models of a mixed swarm fall furthest under it: docs/EXPERIMENTS.md); a peer's success guides.
     successes_only: bool = field(
         default=True,  # measured: docs/EXPERIMENTS.md, "Four architectures in one swarm"
-        metadata={"help": "Success-only guidance: a peer's completions teach only where they did better than "
-                  "this node expects (their negative advantages become 0); its own completions are unchanged."},
-    )  # fmt: skip
+        metadata={
+            "help": (
+                "success-only guidance, on by default: a peer's completions teach only where they did "
+                "better than this node expects (their negative advantages become 0); this flag turns it "
+                "off (docs/EXPERIMENTS.md)"
+            )
+        },
+    )
     # 1/3 and a little: with J = 4 external groups a node whose own groups have no signal still learns from
     # three publishers (each exactly a third), and SAPO's 4 local + 4 external with four peers gives each about a
     # quarter; 0.25 would need four informative publishers in every step of such a node, 0.5 lets one peer be
     # half of it.
     max_publisher_share: float = field(
         default=0.34,
-        metadata={"help": "Most of a step's informative rows (non-zero advantage) and of its advantage mass one "
-                  "peer may supply; the node's own rows count in the whole and are never cut, a peer's excess is "
-                  "dropped (rows) or scaled down (mass). 1 turns it off."},
-    )  # fmt: skip
+        metadata={
+            "help": (
+                "most of a step's informative rows (non-zero advantage) and of its advantage mass one "
+                "peer may supply; this node's own rows count in the whole and are never cut; 1: off"
+            ),
+            "max": 1,
+            "above": 0,
+        },
+    )
     # Calibrated on the built-in models (SECURITY.md, rollout side): a warm-started tiny-s scores its own
     # chain_sum completions at a median -2.88 nats/token (5th percentile -4.0), honest tiny-m / tiny-gpt2 /
     # tiny-l completions at medians -2.3 to -2.5 and at worst -4.33 (1.45 below its median; its own worst is 1.86
     # below), junk around a right answer at -5.56 to -5.64 (2.4-2.8 below: 2.5 let it through by a hair, live).
     max_logp_gap: float = field(
         default=2.0,
-        metadata={"help": "Plausibility gate: a peer's completion whose mean token log-prob here lies more than "
-                  "this many nats below the median of this node's own recent completions gets weight 0 (text "
-                  "this node would never write carries no credit here); 0 turns it off."},
-    )  # fmt: skip
+        metadata={
+            "help": (
+                "plausibility gate: weight 0 for a peer's completion whose mean token log-prob here lies "
+                "more than this many nats below the median of this node's own recent completions; 0: off"
+            ),
+            "min": 0,
+            "max": 50,
+        },
+    )
 
     adaptive_share: bool = field(
         default=True,  # measured: docs/EXPERIMENTS.md, "Four architectures in one swarm"
-        metadata={"help": "Measure, each step, what a peer's group moves this node's own objective against one of "
-                  "its own groups, and give a slot back to its own groups while peers' do less "
-                  "(node.training.share)."},
-    )  # fmt: skip
+        metadata={
+            "help": (
+                "adaptive share, on by default: each step measures what a peer's group moves this node's "
+                "own objective against one of its own, and gives a slot of --external back to its own "
+                "groups (one more generated) while peers' do less; this flag keeps all --external slots "
+                "for peers' groups"
+            )
+        },
+    )
     share_threshold: float = field(
         default=1.0,
-        metadata={"help": "Adaptive share: peers' groups keep their slots while one moves this node's objective at "
-                  "least this many times as far as one of its own."},
-    )  # fmt: skip
+        metadata={
+            "help": (
+                "the adaptive share keeps peers' groups while one moves this node's objective at least "
+                "this many times as far as one of its own"
+            ),
+            "max": 10,
+            "above": 0,
+        },
+    )
 
     def __post_init__(self) -> None:
         checks = [

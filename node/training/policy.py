@@ -30,14 +30,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from node.training.configs import GenerationConfig as GenerationConfig
 from node.training.sampler import (
-    PRECISIONS,
     LowPrecisionCopy,
     Sampled,
     TokenLimits,
@@ -48,37 +48,6 @@ from node.training.sampler import (
 from swarm.fingerprint import model_fingerprint
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """How completions are sampled."""
-
-    temperature: float = field(default=1.0, metadata={"help": "Softmax temperature; 0 means greedy decoding (argmax)."})
-    top_p: float = field(
-        default=1.0, metadata={"help": "Nucleus sampling: keep the smallest token set with this mass, in (0, 1]."}
-    )
-    max_new_tokens: int = field(
-        default=1,  # the built-in tiny models answer in one token; see node.training.models.ModelDefaults
-        metadata={"help": "Most tokens sampled per completion (eos included), >= 1."},
-    )
-    sample_precision: str = field(
-        default="auto",
-        metadata={
-            "help": "Weights that sample: auto (bfloat16 on a CPU with native bf16, for an adapter on a model "
-            "of 10M+ parameters), float32, or bfloat16 (node.training.sampler)."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if isinstance(self.max_new_tokens, bool) or not 1 <= self.max_new_tokens <= 4096:
-            raise ValueError(f"max_new_tokens must be in [1, 4096], got {self.max_new_tokens}")
-        if self.sample_precision not in PRECISIONS:
-            raise ValueError(f"sample_precision must be one of {', '.join(PRECISIONS)}, got {self.sample_precision!r}")
 
 
 @dataclass

@@ -39,10 +39,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-logger = logging.getLogger(__name__)
+from node.training.configs import PRECISIONS as PRECISIONS
 
-PRECISIONS = ("auto", "float32", "bfloat16")
-"""``--sample-precision`` values: auto (bf16 where the CPU has native bf16 and the model is large), or one."""
+logger = logging.getLogger(__name__)
 
 MIN_LOW_PRECISION_PARAMS = 10_000_000
 """Below this many parameters ``auto`` samples in float32 (per-call overhead dominates a step)."""

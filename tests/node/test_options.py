@@ -17,6 +17,7 @@ from node.core.assemble import FROM_OPTIONS, node_configs
 from node.core.config import NodeConfig, NodeParts
 from node.core.options import (
     DEFAULT_MODEL,
+    RANGE_KEYS,
     JoinOptions,
     LocalOptions,
     NodeOptions,
@@ -54,18 +55,56 @@ def test_every_cli_default_is_the_dataclass_default(command: str) -> None:
         assert flag_of(f) in actions[name].option_strings, name
 
 
-def test_default_options_give_the_components_own_defaults() -> None:
-    """The options' literal defaults (kept import-light for a fast CLI) equal each component's default."""
+def test_a_default_node_is_built_as_its_components_default_and_tiny_models_evaluate() -> None:
     cfg, parts = node_configs(NodeOptions(), "0.0.0.0", 0)
     assert cfg == NodeConfig()
-    # membership, exchange, generation, GRPO, no sync, checkpoints; a tiny model evaluates where a component
-    # built without options (a test's node) does not
+    # a tiny model evaluates where a component built without options (a test's node) does not
     assert parts == NodeParts(evaluation=EvalConfig(eval_every=TINY_DEFAULTS.eval_every))
     assert TINY_DEFAULTS.eval_every > 0 == EvalConfig().eval_every
     assert TINY_DEFAULTS.max_new_tokens == GenerationConfig().max_new_tokens
     assert TINY_DEFAULTS.learning_rate == GRPOConfig().learning_rate
     assert TINY_DEFAULTS.micro_batch_size == GRPOConfig().micro_batch_size
-    assert NodeOptions().dashboard_host == DashboardConfig().host
+    assert NodeOptions().dashboard_host == DashboardConfig().host  # the dashboard is above node.core: no from_field
+
+
+def _declared(f: dataclasses.Field[Any]) -> dict[str, Any]:
+    """What a field declares besides its name: help, default, and range with choices (None where it has none)."""
+    meta = f.metadata
+    limits = (*(meta.get(k) for k in RANGE_KEYS if k != "or_zero"), tuple(meta.get("choices", ())))
+    ranged = any(v is not None and v != () for v in limits)
+    return {"help": meta.get("help"), "default": f.default, "range": limits if ranged else None}
+
+
+def restated(option: dataclasses.Field[Any], component: dataclasses.Field[Any]) -> list[str]:
+    """What ``option`` declares a second time that ``component`` (the config field it feeds) declares already."""
+    mine, theirs = _declared(option), _declared(component)
+    if option.metadata.get("source") is not None:  # from_field: only a node-level default of its own may differ
+        taken = all(option.metadata[k] == component.metadata.get(k) for k in RANGE_KEYS if k != "or_zero")
+        own = ["default"] if option.metadata["node_default"] and mine["default"] == theirs["default"] else []
+        return own + ([] if taken and str(mine["help"]).startswith(str(theirs["help"])) else ["help or range"])
+    return [k for k, v in mine.items() if v is not None and v == theirs[k]] or ["its own declaration"]
+
+
+def test_no_option_restates_what_its_component_field_declares() -> None:
+    """A component config is the one declaration of its fields' help, default and range: every option that feeds
+    one is built from it by from_field (a command's own override, as ``local``'s rounds, declares nothing equal)."""
+    owners = {f.name: f for cls in FROM_OPTIONS for f in dataclasses.fields(cls)}
+    for command, cls in COMMANDS.items():
+        for f in option_fields(cls):
+            if f.name not in owners:
+                continue
+            problems = restated(f, owners[f.name])
+            inherited = cls is not NodeOptions and f.name not in vars(cls).get("__annotations__", {})
+            if cls is not NodeOptions and not inherited and problems == ["its own declaration"]:
+                continue  # a command's override that restates nothing
+            assert not problems, f"{command}: --{f.name} restates {problems} of its component field; use from_field"
+
+
+def test_every_option_fed_component_field_has_help() -> None:
+    fed = {f.name for f in option_fields(LocalOptions)} | {f.name for f in option_fields(JoinOptions)}
+    for cls in FROM_OPTIONS:
+        for f in dataclasses.fields(cls):
+            assert f.name not in fed or f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
 
 
 def test_success_only_guidance_and_the_adaptive_share_are_a_nodes_default_and_each_flag_turns_one_off() -> None:
@@ -168,20 +207,8 @@ def test_init_file_lists_every_visible_option_once() -> None:
     assert "(one of: none, fp16, int8)" in text  # a key with choices lists them where it is written
 
 
-def test_choices_are_the_components_own_and_help_shows_them_with_the_default() -> None:
-    from node.core.config import DEVICES
-    from node.core.pool import SAMPLING_POLICIES
-    from node.training.adapters import ADAPTERS
-    from node.training.offpolicy import BASELINES
-    from swarm.sync.config import AGGREGATORS, COMPRESSIONS
-
+def test_help_shows_the_choices_with_the_default() -> None:
     actions = _actions("start")
-    expected = {
-        "sampling": SAMPLING_POLICIES, "baseline": BASELINES, "adapter": ADAPTERS, "device": DEVICES,
-        "compression": COMPRESSIONS, "aggregator": AGGREGATORS,
-    }  # fmt: skip
-    for dest, values in expected.items():
-        assert tuple(actions[dest].choices or ()) == values, dest
     text = subcommand_parser(build_parser(), "start").format_help()
     assert "{uniform,advantage,credit}" in text and "(default: advantage)" in text
     for dest, action in actions.items():
@@ -192,12 +219,6 @@ def test_choices_are_the_components_own_and_help_shows_them_with_the_default() -
         if switch_or_list or action.help == argparse.SUPPRESS:
             continue
         assert "default" in str(action.help), f"--{dest}: help does not say its default"
-
-
-def test_an_experiment_compares_what_a_node_runs_by_default() -> None:
-    from node.experiments.config import ExperimentConfig
-
-    assert ExperimentConfig().sampling == (NodeOptions().sampling,)
 
 
 # ---- options -> components: matched by name, defaults carried through -------------------------------------
