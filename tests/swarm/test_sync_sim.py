@@ -4,7 +4,9 @@ Each member is a real :class:`OuterSync` on its own thread with its own
 identity, records and journal; only the network is simulated, on one
 virtual clock, so a round of a few virtual seconds takes milliseconds and a
 fault lands exactly where the scenario puts it (at a point the round passes,
-:mod:`swarm.sync.points`, or at a virtual time).
+:mod:`swarm.sync.points`, or at a virtual time). Records are signed by the
+simulation's keyed hash and journals kept in memory (tests/simnet.py) but
+with ``ed25519=True``: then Ed25519 and a journal file each, as a node has.
 """
 
 from __future__ import annotations
@@ -13,19 +15,23 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
-from protocol import SigningKey
+from protocol import SigningKey, codec
+from protocol.errors import MessageRejected
+from protocol.signing import ED25519, Signatures, seal
 from swarm.identity import Identity
 from swarm.membership import Membership, MembershipConfig
 from swarm.sync import AbortCause, OuterSync, OuterSyncConfig, SyncReport
 from swarm.sync.points import RoundPoint
+from swarm.sync.records import MAX_RECORD_BYTES, STATE_KIND, StateRecord, open_record, seal_record
 from swarm.sync.transport import SyncNet
-from tests.simnet import EPOCH, SimNet, VirtualLoop, joined, start_thread
+from tests.simnet import EPOCH, KeyedHash, MemoryJournal, SimNet, VirtualLoop, joined, start_thread
 
 CFG = OuterSyncConfig(
     matchmaking_timeout_s=1.5,
@@ -59,6 +65,8 @@ class Member:
     reports: list[SyncReport] = field(default_factory=list)
     states: list[tuple[int, str]] = field(default_factory=list)
     """(revision, state hash) after each round."""
+    journal: MemoryJournal | None = field(default_factory=MemoryJournal)
+    """Its vote journal, kept across its restarts (None: a file beside its identity, as a node's)."""
 
     @property
     def peer(self) -> str:
@@ -83,13 +91,14 @@ def _run_member(
     root: Path,
     plan: Plan,
     observe: Callable[[RoundPoint, int], None] | None = None,
+    signatures: Signatures = ED25519,
 ) -> None:
     """Train a little and sync, round after round, as long as ``plan`` says."""
     identity = Identity(member.key, root / f"{member.name}.key")
     peers = (f"/ip4/127.0.0.1/tcp/4001/p2p/{member.via}",) if member.via else ()
     membership = Membership(identity, MembershipConfig(swarm_id="sim", address_book=False, initial_peers=peers))
     model = _model()
-    sync = OuterSync(membership, model, CFG, clock=clock, observe=observe, net=net)
+    sync = OuterSync(membership, model, CFG, clock, observe, net, signatures, member.journal)
     gen = torch.Generator().manual_seed(int.from_bytes(member.key.seed[:4], "big"))
     step, until = 0, clock() + plan.for_s
     try:
@@ -129,15 +138,19 @@ def simulate(
     plan: Plan,
     faults: Callable[[SimNet, dict[str, Member]], Coroutine[Any, Any, None]] | None = None,
     observers: dict[str, Callable[[SimNet, Member], Callable[[RoundPoint, int], None]]] | None = None,
+    ed25519: bool = False,
 ) -> tuple[dict[str, Member], SimNet, float]:
     """Run ``names`` syncing as ``plan`` says with ``faults`` playing beside them; the members, the network
-    and the wall seconds it took. A name ``x<y`` joins through ``y``; others through the first name."""
+    and the wall seconds it took. A name ``x<y`` joins through ``y``; others through the first name.
+    ``ed25519``: records signed with it and journals in files under ``root``, as nodes do."""
     loop = VirtualLoop()
     members: dict[str, Member] = {}
     for spec in names:
         name, _, via = spec.partition("<")
         via = via if via or spec == names[0] else names[0]
         members[name] = Member(name, _key(name), _key(via).peer_id if via and via != "-" else "")
+        if ed25519:
+            members[name].journal = None
     observers = observers or {}
     t0 = time.perf_counter()
 
@@ -149,8 +162,10 @@ def simulate(
             make = observers.get(n)
             observe = make(net, m) if make is not None else None
 
-            def work(m: Member = m, sim: SyncNet = sim, observe: Any = observe) -> None:
-                _run_member(m, sim, net.clock, root, plan, observe)
+            signatures = ED25519 if ed25519 else net.signatures
+
+            def work(m: Member = m, sim: SyncNet = sim, observe: Any = observe, sig: Signatures = signatures) -> None:
+                _run_member(m, sim, net.clock, root, plan, observe, sig)
 
             threads.append(start_thread(net, m.peer, work))
         if faults is not None:
@@ -174,9 +189,17 @@ def _histories(members: list[Member]) -> dict[int, set[str]]:
     return out
 
 
-def test_three_members_commit_rounds_with_bit_identical_states(tmp_path: Path) -> None:
-    members, _, wall = simulate(tmp_path, ["a", "b", "c"], Plan(rounds=3))
+@pytest.mark.parametrize("ed25519", [False, True], ids=["keyed-hash", "ed25519"])
+def test_three_members_commit_rounds_with_bit_identical_states(tmp_path: Path, ed25519: bool) -> None:
+    """Either way the records are signed and the votes journalled, the same rounds commit."""
+    members, net, wall = simulate(tmp_path, ["a", "b", "c"], Plan(rounds=3), ed25519=ed25519)
     print(f"3 members, 3 rounds: {wall:.3f} s wall")
+    journals = [m.journal for m in members.values()]
+    if ed25519:  # nodes' defaults: nothing through the simulation's seams, a journal file per identity
+        assert net.signatures.signed == 0 and all((tmp_path / f"{n}.key.votes.json").is_file() for n in "abc")
+    else:  # the seams carried it all: no file, every vote journalled in memory
+        assert net.signatures.signed > 0 and not list(tmp_path.glob("*.votes.json"))
+        assert all(j is not None and j.writes >= 3 for j in journals), journals
     for m in members.values():
         print(m.name, [(r.revision, r.committed, r.group_size, r.cause, round(r.time - 1.7e9, 2)) for r in m.reports])
     for m in members.values():
@@ -298,3 +321,25 @@ def test_a_member_frozen_mid_round_is_left_behind_and_catches_up_after_it_resume
     assert c.reports[-1].committed and c.reports[-1].group_size == 3, c.reports
     assert all(len(h) == 1 for h in _histories([a, b, c]).values())  # never a second state at one revision
     assert wall < 2 * WALL_S
+
+
+def test_the_simulations_signatures_refuse_what_ed25519_refuses() -> None:
+    """The keyed hash stands in for Ed25519 only if it keeps the rule: a record opens under the peer that
+    signed it, and a forged signer, a changed body or a signature of the other scheme does not."""
+    keyed, a, b = KeyedHash(), _key("a"), _key("b")
+    record = StateRecord(a.peer_id, "0" * 16, 1, "1" * 64, EPOCH)
+    sealed = seal_record(STATE_KIND, record, a, keyed)
+    assert open_record(sealed, STATE_KIND, StateRecord.from_wire, keyed) == record
+    env = codec.unpack(sealed, MAX_RECORD_BYTES)
+    changed = codec.pack({**env, "body": codec.pack(replace(record, revision=2).to_wire())})
+    refused = {
+        "another signer": seal(STATE_KIND, record, b, keyed),  # b names a (seal_record itself refuses that)
+        "a changed body": changed,
+        "an Ed25519 signature": seal_record(STATE_KIND, record, a),
+    }
+    for what, data in refused.items():
+        with pytest.raises(MessageRejected):
+            open_record(data, STATE_KIND, StateRecord.from_wire, keyed)
+            pytest.fail(f"{what} opened")
+    with pytest.raises(MessageRejected):
+        open_record(sealed, STATE_KIND, StateRecord.from_wire, ED25519)  # and the other way round
