@@ -17,7 +17,7 @@ from node.core.options import (
     SYNC,
     LocalOptions,
     NodeOptions,
-    choices_of,
+    default_of,
     first_range_error,
     option,
     option_fields,
@@ -26,8 +26,7 @@ from node.core.options import (
 from node.core.pool import SAMPLING_POLICIES
 from node.experiments.results import parse_split
 from node.training.offpolicy import OBJECTIVES, default_objective
-
-AGGREGATORS = choices_of(NodeOptions, "aggregator")  # no swarm import: the CLI reads this before torch
+from swarm.configs import AGGREGATORS
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +64,7 @@ class ExperimentConfig:
         group=SWEEP, min=1,
     )  # fmt: skip
     sampling: tuple[str, ...] = option(
-        ("advantage",),  # a node's own default (node.core.options)
+        (default_of(NodeOptions, "sampling"),),  # what a node runs by default
         "External sampling policies to compare: " + ", ".join(SAMPLING_POLICIES) + ".", group=SWEEP, csv=True,
     )  # fmt: skip
     objectives: tuple[str, ...] = option(
@@ -95,7 +94,7 @@ class ExperimentConfig:
         20, "Rounds between held-out evaluations of every node (0: off; a sweep's tables compare held-out accuracy, "
         "so it evaluates more often than a node's default).", group=EVAL, min=0,
     )  # fmt: skip
-    eval_items: int = option(64, "Held-out questions per task family.", group=EVAL, min=1, max=4096)
+    eval_items: int = node_option("eval_items")
     eval_samples: int = option(
         4,
         "Sampled completions per held-out question (0: greedy accuracy only; a node's default is 8, a sweep "
@@ -124,7 +123,7 @@ class ExperimentConfig:
     lr_scheduler_type: str = node_option("lr_scheduler_type")
     lr_decay_rounds: int = node_option("lr_decay_rounds")
     min_lr_rate: float = node_option("min_lr_rate")
-    max_new_tokens: int = option(0, "Tokens per completion (0: the node's own for its model).", group=SWEEP, min=0)
+    max_new_tokens: int = node_option("max_new_tokens")
     round_timeout: float = option(
         300.0, "Fail a run if no node progresses this long (s; a node's `local` gives up after 120 s, a sweep's "
         "swarms start beside a finishing one).", group=SWEEP, above=0,
