@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # Where torch comes from: pip's configured index unless set, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: test test-fast demo install lint typecheck pytest bench clean
+.PHONY: test test-fast demo install lint typecheck pytest bench bench-wan wan-deps clean
 
 install: $(STAMP)
 
@@ -47,6 +47,20 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/bench_gossip.py
+
+# What the WAN testbed (bench/wan.py) needs beyond iproute2: nftables for the homes' NAT, ethtool to switch
+# off the offloads that a user-space link cannot carry. Debian's packages; needs root (or sudo without a password).
+wan-deps:
+	@if ! command -v nft >/dev/null 2>&1 || ! command -v ethtool >/dev/null 2>&1; then \
+		SUDO=""; if [ "$$(id -u)" -ne 0 ]; then SUDO="sudo -n"; fi; \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q nftables ethtool >/dev/null 2>&1 \
+		|| { $$SUDO apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q nftables ethtool >/dev/null 2>&1; } \
+		|| { echo "wan-deps: could not install nftables and ethtool (needs root and Debian's apt)"; exit 1; }; \
+	fi
+
+# The swarm on the WAN testbed: NATed homes, public peers, delayed and lossy links (bench/RESULTS.md, "WAN").
+bench-wan: $(STAMP) wan-deps
+	$(PY) bench/bench_wan.py --scenario flat --scenario nat --scenario wan --seconds 150
 
 clean:
 	rm -rf $(VENV) runs .mypy_cache .pytest_cache .ruff_cache

@@ -30,7 +30,6 @@ SUBNET = "10.99.0"
 # milliseconds of the rate; 50 ms of queue keeps TCP from losing packets to the shaper at 100 Mbit/s.
 BURST = "64kb"
 LATENCY = "50ms"
-_NAME = re.compile(rf"^{PREFIX}(\d+)-\w+$")
 
 
 class LinkError(RuntimeError):
@@ -65,12 +64,14 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-def sweep_stale() -> list[str]:
-    """Delete the namespaces of earlier runs whose process is gone (killed before it could clean up)."""
+def sweep_stale(prefix: str = PREFIX) -> list[str]:
+    """Delete the namespaces named ``<prefix><pid>-...`` of earlier runs whose process is gone (killed before
+    it could clean up)."""
     gone = []
+    pattern = re.compile(rf"^{prefix}(\d+)-\w+$")
     for line in _run("ip", "netns", "list").splitlines():
         name = line.split()[0] if line.strip() else ""
-        match = _NAME.match(name)
+        match = pattern.match(name)
         if match and not _alive(int(match.group(1))):
             _run("ip", "netns", "delete", name)
             gone.append(name)
