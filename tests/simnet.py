@@ -13,8 +13,10 @@ a node's does, and every call it makes into the network (a record read or
 store, a stream round, a sleep) is a coroutine on the loop: while a thread
 waits there it counts as blocked, so the clock may jump. The loop and the
 threads take turns (one runs at a time, threads woken in the order their
-calls ended, executor jobs waited for), so a scenario plays the same events
-every time it runs.
+calls ended, executor jobs run inline), so a scenario plays the same events
+every time it runs. Since only one of them runs at a time, a simulation runs on
+one CPU (:func:`one_cpu`): a hand-over between two threads on one CPU costs ~15
+microseconds, between two CPUs of a virtual machine ~10 times that.
 
 Faults are rules of the network, never of the sync:
 
@@ -43,12 +45,13 @@ import concurrent.futures
 import contextlib
 import hashlib
 import hmac
+import os
 import random
 import selectors
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from protocol.errors import MessageRejected
 from protocol.signing import SigningKey
@@ -124,17 +127,45 @@ class _VirtualSelector(selectors.DefaultSelector):
     loop: VirtualLoop
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout is not None and timeout <= 0:
-            return list(super().select(0))
         if self.loop.busy():
             return list(super().select(BUSY_POLL_S if timeout is None else min(timeout, BUSY_POLL_S)))
-        ready = list(super().select(0))
-        if ready:
+        # the only file is the loop's self-pipe: polled only when a thread wrote to it (call_soon_threadsafe)
+        ready = list(super().select(0)) if self.loop.poked() else []
+        if ready or (timeout is not None and timeout <= 0):
             return ready
         if timeout is None:
             raise Deadlock("no timer, no task ready and no member computing: the simulation can never go on")
         self.loop.advance(timeout)
         return []
+
+
+class Reply(Generic[T]):
+    """The end of one member thread's call into the loop: the thread blocks on a bare lock until the loop
+    settles it (a ``concurrent.futures.Future`` would build a Condition, and wake through it, per call)."""
+
+    __slots__ = ("_error", "_lock", "_value")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._value: T | None = None
+        self._error: BaseException | None = None
+
+    def settle(self, done: asyncio.Future[T]) -> None:
+        """Take ``done``'s outcome (a cancelled call: the member crashed) and let the thread go on."""
+        if done.cancelled():
+            self._error = Crashed()
+        elif done.exception() is not None:
+            self._error = done.exception()
+        else:
+            self._value = done.result()
+        self._lock.release()
+
+    def wait(self) -> T:
+        self._lock.acquire()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]  # set by settle() when there is no error
 
 
 class VirtualLoop(asyncio.SelectorEventLoop):
@@ -145,18 +176,29 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         super().__init__(selector)
         selector.loop = self
         self._now = 0.0
-        self._turns = threading.Condition()
+        self._poked = False
+        self._count = threading.Lock()
         self.computing = 0
-        """Member threads running outside the loop, and executor jobs out (under ``_turns``)."""
-        self._woken: collections.deque[tuple[concurrent.futures.Future[Any], asyncio.Future[Any]]]
-        self._woken = collections.deque()
+        """Member threads running outside the loop (under ``_count``)."""
+        self._idle = threading.Lock()
+        self._idle.acquire()
+        """Released when ``computing`` drops to 0: the loop's turn (a bare lock, as :class:`Reply`'s)."""
+        self._woken: collections.deque[tuple[Reply[Any], asyncio.Future[Any]]] = collections.deque()
         """Member threads whose call into the loop ended, in the order they ended: woken one at a time."""
-        self._handed: collections.deque[tuple[Callable[[], asyncio.Future[Any]], concurrent.futures.Future[Any]]]
-        self._handed = collections.deque()
+        self._handed: collections.deque[tuple[Callable[[], asyncio.Future[Any]], Reply[Any]]] = collections.deque()
         """Calls member threads handed over (:meth:`hand`), not yet started on the loop."""
 
     def time(self) -> float:
         return self._now
+
+    def _write_to_self(self) -> None:
+        self._poked = True
+        super()._write_to_self()  # type: ignore[misc]
+
+    def poked(self) -> bool:
+        """Whether a thread woke the loop through its self-pipe since the last ask (then it is polled)."""
+        poked, self._poked = self._poked, False
+        return poked
 
     def advance(self, seconds: float) -> None:
         self._now += max(0.0, seconds)
@@ -166,52 +208,56 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     # -- turns: the loop and the member threads never run at once, so a seed replays the same events
     def begin(self) -> None:
-        """A thread (a member's, an executor job) starts running outside the loop."""
-        with self._turns:
+        """A member thread starts running outside the loop."""
+        with self._count:
             self.computing += 1
 
     def end(self) -> None:
         """That thread waits for the loop (or is done): the loop may go on."""
-        with self._turns:
-            self.computing -= 1
-            self._turns.notify_all()
+        with self._count:
+            self._ended()
 
-    def hand(self, start: Callable[[], asyncio.Future[T]], fut: concurrent.futures.Future[T]) -> None:
+    def _ended(self) -> None:
+        self.computing -= 1
+        if self.computing == 0 and self._idle.locked():  # the loop may have been let go already (a stale turn)
+            self._idle.release()
+
+    def hand(self, start: Callable[[], asyncio.Future[T]], reply: Reply[T]) -> None:
         """A member thread's call: ``start()`` runs on the loop at its turn and returns the future of the call's
-        end, whose outcome goes to ``fut``; the thread then waits (the loop's turn). A queue the loop drains,
+        end, whose outcome goes to ``reply``; the thread then waits (the loop's turn). A queue the loop drains,
         not ``call_soon_threadsafe``: the loop is waiting for this very thread, so no self-pipe byte need wake it."""
-        with self._turns:
-            self._handed.append((start, fut))
-            self.computing -= 1
-            self._turns.notify_all()
+        with self._count:
+            self._handed.append((start, reply))
+            self._ended()
 
-    def wake_later(self, fut: concurrent.futures.Future[Any], task: asyncio.Future[Any]) -> None:
-        """``task`` is the end of a member thread's call: hand it ``fut``'s outcome at its turn."""
-        self._woken.append((fut, task))
+    def wake_later(self, reply: Reply[Any], task: asyncio.Future[Any]) -> None:
+        """``task`` is the end of a member thread's call: hand its outcome to ``reply`` at its turn."""
+        self._woken.append((reply, task))
 
-    def _start_handed(self, start: Callable[[], asyncio.Future[Any]], fut: concurrent.futures.Future[Any]) -> None:
+    def _start_handed(self, start: Callable[[], asyncio.Future[Any]], reply: Reply[Any]) -> None:
         try:
             done = start()
         except (Exception, Crashed) as e:  # the thread raises it
             done = self.create_future()
             done.set_exception(e)
-        done.add_done_callback(lambda t: self.wake_later(fut, t))
+        done.add_done_callback(lambda t: self.wake_later(reply, t))
+
+    def _wait_for_threads(self) -> None:
+        while True:
+            with self._count:
+                if self.computing == 0:
+                    self._idle.acquire(blocking=False)  # this turn's release, if any: the next wait blocks
+                    return
+            self._idle.acquire(timeout=BUSY_POLL_S)
 
     def _run_once(self) -> None:
-        with self._turns:
-            while self.computing > 0:
-                self._turns.wait(BUSY_POLL_S)
+        self._wait_for_threads()
         while self._handed:  # in the ready queue's order, as call_soon_threadsafe would have put them
             self.call_soon(self._start_handed, *self._handed.popleft())
         if self._woken:  # one thread at a time, in the order their calls ended
-            fut, task = self._woken.popleft()
+            reply, task = self._woken.popleft()
             self.begin()
-            if task.cancelled():
-                fut.cancel()
-            elif task.exception() is not None:
-                fut.set_exception(task.exception())
-            else:
-                fut.set_result(task.result())
+            reply.settle(task)
             return
         super()._run_once()  # type: ignore[misc]
 
@@ -541,12 +587,9 @@ class SimLoop:
         """Hand ``start`` to the loop (:meth:`VirtualLoop.hand`) and block until the call it begins ends."""
         if self._net.members[self._me].crashed:
             raise Crashed(self._me)
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._net.loop.hand(start, fut)  # this thread's turn comes back when the call ended (VirtualLoop._run_once)
-        try:
-            return fut.result()
-        except concurrent.futures.CancelledError:
-            raise Crashed(self._me) from None
+        reply: Reply[T] = Reply()
+        self._net.loop.hand(start, reply)  # this thread's turn comes back when the call ended (VirtualLoop._run_once)
+        return reply.wait()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         if self._net.members[self._me].crashed:
@@ -620,6 +663,33 @@ class SimRecords:
 
     def addresses(self) -> list[str]:
         return []
+
+
+def _current_cpu() -> int | None:
+    """The CPU this thread runs on now (Linux: field 39 of /proc/thread-self/stat), None if unknown."""
+    try:
+        with open("/proc/thread-self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def one_cpu() -> Iterator[None]:
+    """Keep this thread, and the threads it starts meanwhile, on the CPU it runs on now (where the OS allows it).
+
+    The loop and the member threads take turns, so a second CPU buys a simulation nothing, and each turn
+    handed across CPUs costs a cross-CPU wake-up; on one CPU a turn costs a fraction of that."""
+    cpu = _current_cpu()
+    if not hasattr(os, "sched_setaffinity") or cpu is None or cpu not in os.sched_getaffinity(0):
+        yield
+        return
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
 
 
 def start_thread(net: SimNet, name: str, work: Callable[[], None]) -> threading.Thread:

@@ -31,7 +31,7 @@ from swarm.sync import AbortCause, OuterSync, OuterSyncConfig, SyncReport
 from swarm.sync.points import RoundPoint
 from swarm.sync.records import MAX_RECORD_BYTES, STATE_KIND, StateRecord, open_record, seal_record
 from swarm.sync.transport import SyncNet
-from tests.simnet import EPOCH, KeyedHash, MemoryJournal, SimNet, VirtualLoop, joined, start_thread
+from tests.simnet import EPOCH, KeyedHash, MemoryJournal, SimNet, VirtualLoop, joined, one_cpu, start_thread
 
 CFG = OuterSyncConfig(
     matchmaking_timeout_s=1.5,
@@ -174,7 +174,8 @@ def simulate(
         return net
 
     try:
-        net = loop.run_until_complete(asyncio.wait_for(main(), 3600.0))
+        with one_cpu():
+            net = loop.run_until_complete(asyncio.wait_for(main(), 3600.0))
     finally:
         loop.close()
     return members, net, time.perf_counter() - t0
