@@ -127,10 +127,14 @@ class _VirtualSelector(selectors.DefaultSelector):
     loop: VirtualLoop
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if self.loop.busy():
+        loop = self.loop  # (attributes, not methods: this runs once per loop iteration)
+        if loop.computing > 0 or loop._woken:
             return list(super().select(BUSY_POLL_S if timeout is None else min(timeout, BUSY_POLL_S)))
         # the only file is the loop's self-pipe: polled only when a thread wrote to it (call_soon_threadsafe)
-        ready = list(super().select(0)) if self.loop.poked() else []
+        ready = []
+        if loop._poked:
+            loop._poked = False
+            ready = list(super().select(0))
         if ready or (timeout is not None and timeout <= 0):
             return ready
         if timeout is None:
@@ -177,6 +181,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         selector.loop = self
         self._now = 0.0
         self._poked = False
+        """Whether a thread wrote to the self-pipe since the selector last polled it."""
         self._count = threading.Lock()
         self.computing = 0
         """Member threads running outside the loop (under ``_count``)."""
@@ -195,16 +200,8 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self._poked = True
         super()._write_to_self()  # type: ignore[misc]
 
-    def poked(self) -> bool:
-        """Whether a thread woke the loop through its self-pipe since the last ask (then it is polled)."""
-        poked, self._poked = self._poked, False
-        return poked
-
     def advance(self, seconds: float) -> None:
         self._now += max(0.0, seconds)
-
-    def busy(self) -> bool:
-        return self.computing > 0 or bool(self._woken)
 
     # -- turns: the loop and the member threads never run at once, so a seed replays the same events
     def begin(self) -> None:
@@ -246,12 +243,13 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         while True:
             with self._count:
                 if self.computing == 0:
-                    self._idle.acquire(blocking=False)  # this turn's release, if any: the next wait blocks
                     return
             self._idle.acquire(timeout=BUSY_POLL_S)
 
     def _run_once(self) -> None:
-        self._wait_for_threads()
+        if self.computing > 0:  # only the loop raises it: 0 read here means every thread handed its turn back
+            self._wait_for_threads()
+        self._idle.acquire(blocking=False)  # this turn's release, if any: the next wait blocks
         while self._handed:  # in the ready queue's order, as call_soon_threadsafe would have put them
             self.call_soon(self._start_handed, *self._handed.popleft())
         if self._woken:  # one thread at a time, in the order their calls ended

@@ -102,8 +102,11 @@ def _run_member(
     gen = torch.Generator().manual_seed(int.from_bytes(member.key.seed[:4], "big"))
     step, until = 0, clock() + plan.for_s
     try:
-        while clock() < until and step < plan.rounds:
-            net.loop.sleep(plan.pause(clock()))
+        while step < plan.rounds:
+            pause = plan.pause(clock())
+            if clock() + pause > until:
+                break  # none begun after for_s (a period's round would begin past it)
+            net.loop.sleep(pause)
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(torch.randn(p.shape, generator=gen) * 1e-3)
