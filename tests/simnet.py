@@ -27,10 +27,15 @@ Faults are rules of the network, never of the sync:
   are dropped, and each group's records stay on its side until ``heal``.
 - ``freeze`` (SIGSTOP-like): nothing reaches or leaves the member and its thread's calls stall until
   ``thaw``; its coroutines still see their timers, which is as far as one shared loop can stop it.
-- ``crash`` (SIGKILL-like): its streams reset, its handlers are gone, its thread ends at its next call.
+- ``crash`` (SIGKILL-like): its streams reset, its handlers are gone, its thread ends at its next call;
+  ``revive`` lets a new process of it on the network again (the caller starts its thread).
+- ``replica_lag``: stores from other members reach this member's record replica up to that many seconds
+  late, each after its own delay, so they land out of order (as a DHT replica out of step does).
 
 Records: each member holds a replica (key -> subkey -> (value, expiry)); a store reaches every replica in
-the storer's group, a read answers from the reader's own, as a DHT whose replicas are all in step.
+the storer's group, a read answers from the reader's own, as a DHT whose replicas are all in step (but
+under ``replica_lag``). A replica keeps, per subkey, the value with the later expiry (a late store does not
+overwrite a newer one), as hivemind's DHT does.
 
 Costs that belong to the machine, not to the rules, are seams the sync takes: records are signed by a keyed
 hash (:class:`KeyedHash`) instead of Ed25519, and vote journals live in memory (:class:`MemoryJournal`),
@@ -283,6 +288,8 @@ class _Member:
     replica: dict[str, dict[str, tuple[bytes, float]]] = field(default_factory=dict)
     waits: set[asyncio.Future[Any]] = field(default_factory=set)
     """Its thread's calls in progress (cancelled by a crash)."""
+    replica_lag: float = 0.0
+    """Most seconds a store of another member takes to reach this member's replica (0: at once)."""
 
 
 class _Pipe(asyncio.Transport):
@@ -452,7 +459,25 @@ class SimNet:
                 pipe.reset()
         for fut in list(member.waits):
             fut.cancel()
+        member.waits.clear()
         self.note(f"crash {name[-6:]}")
+
+    def revive(self, name: str) -> None:
+        """A crashed member's new process: running, reachable, with the records of its group (as :meth:`add`)."""
+        member = self.members[name]
+        assert member.crashed, "only a crashed member's process starts again"
+        member.crashed, member.replica = False, {}
+        assert member.frozen is not None
+        member.frozen.set()  # a new process is not stopped, whatever the old one was
+        for other in self.members.values():
+            if other is not member and not other.crashed and other.group == member.group:
+                _merge_into(member.replica, other.replica)
+                break
+        self.note(f"restart {name[-6:]}")
+
+    def set_replica_lag(self, name: str, seconds: float) -> None:
+        self.members[name].replica_lag = seconds
+        self.note(f"replica lag {seconds} at {name[-6:]}")
 
     # -- rules -----------------------------------------------------------------------------------
     def up(self, name: str) -> bool:
@@ -528,9 +553,27 @@ class SimNet:
         expiry = self.clock() + ttl
         me = self.members[name]
         for m in self.members.values():
-            if not m.crashed and m.group == me.group:
-                m.replica.setdefault(key, {})[subkey] = (value, expiry)
+            if m.crashed or m.group != me.group:
+                continue
+            if m is me or m.replica_lag <= 0:
+                _keep_later(m.replica, key, subkey, value, expiry)
+            else:  # each store its own delay: two stores may land in either order
+                delay = self.rng.uniform(0.0, m.replica_lag)
+                self.loop.call_at(self.loop.time() + delay, self._land, m, key, subkey, value, expiry)
         return True
+
+    def _land(self, m: _Member, key: str, subkey: str, value: bytes, expiry: float) -> None:
+        """A late store reaches ``m``'s replica (lost if ``m`` crashed meanwhile: a new process starts empty)."""
+        if not m.crashed:
+            _keep_later(m.replica, key, subkey, value, expiry)
+
+
+def _keep_later(
+    replica: dict[str, dict[str, tuple[bytes, float]]], key: str, sk: str, value: bytes, exp: float
+) -> None:
+    held = replica.setdefault(key, {})
+    if sk not in held or held[sk][1] <= exp:
+        held[sk] = (value, exp)
 
 
 def _merge_into(

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
@@ -30,6 +32,7 @@ from swarm.membership import Membership, MembershipConfig
 from swarm.sync import AbortCause, OuterSync, OuterSyncConfig, SyncReport
 from swarm.sync.points import RoundPoint
 from swarm.sync.records import MAX_RECORD_BYTES, STATE_KIND, StateRecord, open_record, seal_record
+from swarm.sync.tensors import flatten, load_flat
 from swarm.sync.transport import SyncNet
 from tests.simnet import EPOCH, KeyedHash, MemoryJournal, SimNet, VirtualLoop, joined, one_cpu, start_thread
 
@@ -54,6 +57,15 @@ def _key(name: str) -> SigningKey:
     return SigningKey(hashlib.sha256(name.encode()).digest())
 
 
+@dataclass(frozen=True)
+class Restart:
+    """A member's process started again: when, after how many of its reports, and what its journal held."""
+
+    at: float
+    reports: int
+    journalled: tuple[int, ...]
+
+
 @dataclass
 class Member:
     """One simulated peer: its identity, its sync's reports, and what it holds after each."""
@@ -67,6 +79,11 @@ class Member:
     """(revision, state hash) after each round."""
     journal: MemoryJournal | None = field(default_factory=MemoryJournal)
     """Its vote journal, kept across its restarts (None: a file beside its identity, as a node's)."""
+    checkpoint: tuple[dict[str, Any], torch.Tensor, int] | None = None
+    """Its outer state, weights and inner step after its last round: what a restarted process loads."""
+    restarts: list[Restart] = field(default_factory=list)
+    restart: Callable[[], None] | None = None
+    """Starts its process again after a crash (call on the loop's thread; set by :func:`simulate`)."""
 
     @property
     def peer(self) -> str:
@@ -99,8 +116,12 @@ def _run_member(
     membership = Membership(identity, MembershipConfig(swarm_id="sim", address_book=False, initial_peers=peers))
     model = _model()
     sync = OuterSync(membership, model, CFG, clock, observe, net, signatures, member.journal)
-    gen = torch.Generator().manual_seed(int.from_bytes(member.key.seed[:4], "big"))
-    step, until = 0, clock() + plan.for_s
+    gen = torch.Generator().manual_seed(int.from_bytes(member.key.seed[:4], "big") + len(member.restarts))
+    step, until = 0, EPOCH + plan.for_s  # a restarted process ends when the first would have
+    if member.restarts and member.checkpoint is not None:  # as a node restarts: from its last checkpoint
+        state, weights, step = member.checkpoint
+        load_flat(model, weights)
+        sync.load_state_dict(state)
     try:
         while step < plan.rounds:
             pause = plan.pause(clock())
@@ -113,6 +134,7 @@ def _run_member(
             step += 1
             member.reports.append(sync.sync_now(step))
             member.states.append((sync.revision, sync.state_hash))
+            member.checkpoint = (sync.state_dict(), flatten(model), step)
     finally:
         sync.close()
 
@@ -159,7 +181,7 @@ def simulate(
 
     async def main() -> SimNet:
         net = SimNet(loop)
-        threads = []
+        threads: list[threading.Thread] = []  # a restart adds one: joined() waits for it too
         for n, m in members.items():
             sim = net.add(m.peer)
             make = observers.get(n)
@@ -170,6 +192,12 @@ def simulate(
             def work(m: Member = m, sim: SyncNet = sim, observe: Any = observe, sig: Signatures = signatures) -> None:
                 _run_member(m, sim, net.clock, root, plan, observe, sig)
 
+            def restart(m: Member = m, work: Callable[[], None] = work) -> None:
+                net.revive(m.peer)
+                m.restarts.append(Restart(net.loop.time(), len(m.reports), _journalled(m)))
+                threads.append(start_thread(net, m.peer, work))
+
+            m.restart = restart
             threads.append(start_thread(net, m.peer, work))
         if faults is not None:
             await faults(net, members)
@@ -182,6 +210,12 @@ def simulate(
     finally:
         loop.close()
     return members, net, time.perf_counter() - t0
+
+
+def _journalled(m: Member) -> tuple[int, ...]:
+    """The revisions ``m``'s journal holds (what its next process reads)."""
+    data = m.journal.data if m.journal is not None else None
+    return tuple(json.loads(data)["voted"]) if data else ()
 
 
 def _histories(members: list[Member]) -> dict[int, set[str]]:
@@ -347,3 +381,31 @@ def test_the_simulations_signatures_refuse_what_ed25519_refuses() -> None:
             pytest.fail(f"{what} opened")
     with pytest.raises(MessageRejected):
         open_record(sealed, STATE_KIND, StateRecord.from_wire, ED25519)  # and the other way round
+
+
+def test_a_member_restarted_after_its_vote_resumes_from_its_checkpoint_and_journal(tmp_path: Path) -> None:
+    """c is killed right after it voted for revision 2 (before it learned the outcome); its process starts
+    again 4 virtual s later from its last checkpoint (revision 1) and its journal (which holds that vote). It
+    catches up to the state its partners committed at 2 meanwhile, never making one of its own, and commits
+    with them again."""
+
+    def kill_c_after_its_vote(net: SimNet, m: Member) -> Callable[[RoundPoint, int], None]:
+        def observe(point: RoundPoint, revision: int) -> None:
+            if point is RoundPoint.VOTED and revision == 1 and not m.restarts:
+                assert m.restart is not None
+                net.loop.call_soon_threadsafe(net.crash, m.peer)
+                net.loop.call_soon_threadsafe(net.loop.call_later, 4.0, m.restart)
+
+        return observe
+
+    plan = Plan(for_s=30.0, period_s=3.0)
+    members, net, wall = simulate(tmp_path, ["a", "b", "c"], plan, observers={"c": kill_c_after_its_vote})
+    a, b, c = members["a"], members["b"], members["c"]
+    print(f"restart after a vote: {wall:.3f} s wall\n" + "\n".join(net.trace))
+    assert len(c.restarts) == 1 and c.restarts[0].journalled[-1] == 2, c.restarts  # its new process reads the vote
+    before, after = c.reports[: c.restarts[0].reports], c.reports[c.restarts[0].reports :]
+    assert before[-1].revision == 1 and all(r.committed for r in before), before  # killed inside round 2
+    assert any(r.committed and r.revision == 2 for r in a.reports), a.reports  # a and b did commit 2 meanwhile
+    assert any(r.caught_up for r in after) and after[-1].committed and after[-1].group_size == 3, after
+    assert all(len(h) == 1 for h in _histories([a, b, c]).values())  # never a second state at one revision
+    assert wall < 2 * WALL_S
