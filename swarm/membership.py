@@ -42,6 +42,8 @@ from swarm.errors import BootstrapFailed, PortInUse
 from swarm.identity import Identity
 from swarm.loop import LoopThread
 from swarm.maddr import parse_peer_multiaddr as parse_peer_multiaddr
+from swarm.reach import HANDLER as REACH_HANDLER
+from swarm.reach import DialBackServer, Reachability, Verdict, check, ip_of_multiaddr, local_ips, p2p_reachability
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +84,7 @@ class Membership:
         self.loop: LoopThread | None = None
         self._p2p: P2P | None = None
         self._port = cfg.port
+        self.dial_back = DialBackServer(time.monotonic)
 
     @property
     def peer_id(self) -> str:
@@ -131,7 +134,47 @@ class Membership:
                 logger.debug("listen port not remembered: %s", e)
         if self.cfg.address_book:
             asyncio.run_coroutine_threadsafe(self._keep_book(book), self.loop.loop)
+        if not self.cfg.client_mode:  # a client-mode node accepts no connection: nobody could dial anything back
+            self.loop.run(self._serve_dial_back(), self.cfg.startup_timeout_s)
         return self
+
+    async def _serve_dial_back(self) -> None:
+        async def on_stream(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            addr = getattr(info, "addr", None)
+            try:
+                await self.dial_back.handle(None if addr is None else str(addr), reader, writer)
+            except asyncio.CancelledError:  # leaving mid-answer: quietly
+                writer.close()
+
+        await self.p2p.add_binary_stream_handler(REACH_HANDLER, on_stream)
+
+    def reachability(self, timeout: float) -> Verdict:
+        """Whether peers can dial this node: up to three connected peers (initial peers first) dial it back.
+
+        Bounded by ``timeout`` (the answers that came by then count); never raises.
+        """
+        visible = self.visible_multiaddrs()
+        listen = [ip for ip in map(ip_of_multiaddr, visible) if ip]
+        ports = [int(a.split("/tcp/", 1)[1].split("/", 1)[0]) for a in visible if "/tcp/" in a]
+        if not ports:
+            return Verdict(Reachability.UNKNOWN, None, 0)
+
+        async def open_stream(peer: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), REACH_HANDLER)
+            return reader, writer
+
+        async def run() -> Verdict:
+            infos = await asyncio.wait_for(self.p2p.list_peers(), timeout)
+            initial = {p.rsplit("/p2p/", 1)[-1] for p in self.cfg.initial_peers}
+            peers = sorted((i.peer_id.to_base58() for i in infos), key=lambda p: p not in initial)
+            return await check(open_stream, peers, ports[0], listen, timeout)
+
+        try:
+            verdict: Verdict = self.run(run(), timeout + 1.0)
+        except Exception as e:  # the loop or the daemon gone, a timeout: unknown, never a failed start
+            logger.debug("[%s] reachability not checked: %s", self.peer_id[-6:], type(e).__name__)
+            return Verdict(Reachability.UNKNOWN, None, 0)
+        return verdict
 
     @property
     def book_path(self) -> Path:
@@ -187,6 +230,12 @@ class Membership:
             kwargs["client_mode"] = True
         kwargs["use_relay"] = self.cfg.use_relay
         kwargs["use_auto_relay"] = self.cfg.use_auto_relay
+        forced = p2p_reachability(self.cfg.host, self.cfg.announce, self.cfg.client_mode, initial_peers, local_ips())
+        if forced is not None and self.cfg.use_relay:
+            kwargs["force_reachability"] = forced
+        if forced == "private" and self.cfg.use_relay:  # reserve a slot on the peers it joined through
+            kwargs["use_auto_relay"] = True
+            kwargs["trusted_relays"] = list(initial_peers)
         kwargs["cache_size"] = self.cfg.dht_cache_keys  # hivemind's default cache is unbounded
         kwargs["cache_nearest"] = 0  # others keep only records their owners store (swarm.dht_storage)
         return hivemind.DHT(start=True, record_validators=self._validators, **kwargs)
@@ -211,11 +260,12 @@ class Membership:
             raise RuntimeError("membership is not started")
         return self._p2p
 
-    def visible_multiaddrs(self) -> list[str]:
-        """Addresses others can use to join through this node (with /p2p/<id>)."""
+    def visible_multiaddrs(self, latest: bool = False) -> list[str]:
+        """Addresses others can use to join through this node (with /p2p/<id>); ``latest`` asks the daemon again
+        (a relayed address appears once a relay reserved a slot)."""
         if self.dht is None:
             return []
-        return [str(m) for m in self.dht.get_visible_maddrs()]
+        return [str(m) for m in self.dht.get_visible_maddrs(latest=latest)]
 
     def run(self, coro: Any, timeout: float) -> Any:
         """Run a coroutine on this node's P2P loop with a timeout."""

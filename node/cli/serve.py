@@ -30,10 +30,11 @@ from node.core.assemble import node_configs
 from node.core.checkpoint import CheckpointError
 from node.core.node import Node
 from node.core.options import JoinOptions, NodeOptions, options_from, sync_partner_warning
-from node.observe.reach import reachability_advice
+from node.observe.reach import reachability_advice, startup_reach
 from swarm.errors import SwarmError
 from swarm.identity import IdentityError
 from swarm.membership import parse_peer_multiaddr
+from swarm.reach import Reachability, Verdict
 from swarm.sync.tensors import float_params
 
 if TYPE_CHECKING:
@@ -61,10 +62,8 @@ def build_node(args: argparse.Namespace) -> Node:
     return Node(cfg, parts)
 
 
-def _join_hint(addrs: list[str]) -> str:
-    # Prefer an address others can reach: non-loopback first.
-    best = sorted(addrs, key=lambda a: ("/127." in a or "/::1/" in a, a))
-    return f"swarm-node join --peer {best[0]}" if best else "(no listen address)"
+REACH_TIMEOUT_S = 6.0
+"""Bound on asking peers to dial this node back at start (their dial is 3 s; a NATed node knows within 10 s)."""
 
 
 def _announce(node: Node, args: argparse.Namespace, dashboard_url: str) -> None:
@@ -78,10 +77,21 @@ def _announce(node: Node, args: argparse.Namespace, dashboard_url: str) -> None:
     print(f"swarm-node: peer {node.peer_id} is up at round {node.round}; listening on:", flush=True)
     for a in addrs:
         print(f"  {a}", flush=True)
-    print(f"Others can join with:\n  {_join_hint(addrs)}", flush=True)
+    cfg = node.parts.membership
+    membership = node.links.membership
+    verdict = Verdict(Reachability.UNKNOWN, None, 0)
+    if membership is not None and not cfg.announce and not cfg.client_mode and cfg.initial_peers:
+        verdict = membership.reachability(REACH_TIMEOUT_S)
+        if node.metrics is not None:
+            node.metrics.write("reach", time=node.clock(), peer=node.peer_id, reachability=verdict.reachability.value,
+                               seen_ip=verdict.seen_ip, answers=verdict.answers)  # fmt: skip
+    join, note = startup_reach(verdict, addrs, list(cfg.initial_peers), node.peer_id)
+    print(f"Others can join with:\n  {join}", flush=True)
     if dashboard_url:
         print(f"Dashboard: {dashboard_url}  (Prometheus: {dashboard_url}metrics)", flush=True)
-    cfg = node.parts.membership
+    if note is not None:
+        print(f"swarm-node: {note}", flush=True)
+        return
     advice = reachability_advice(addrs, list(cfg.announce), cfg.client_mode, cfg.host)
     if advice:
         print(f"swarm-node: note: {advice}", flush=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import socket
+
+from swarm.reach import Reachability, Verdict, local_ips
 
 _IP4_TCP = re.compile(r"/ip4/([0-9.]+)/tcp/(\d+)")
 
@@ -61,18 +62,7 @@ def address_scope_or_none(host: str) -> str | None:
 
 def local_ipv4_addresses() -> list[str]:
     """This machine's IPv4 addresses as far as the OS tells without sending anything (loopback first)."""
-    found = {"127.0.0.1"}
-    try:
-        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
-            found.add(str(info[4][0]))
-    except OSError:
-        pass
-    try:  # the source address the OS would use for the internet; a UDP connect sends no packet
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("192.0.2.1", 9))
-            found.add(s.getsockname()[0])
-    except OSError:
-        pass
+    found = {"127.0.0.1", *local_ips()}
     return sorted(found, key=lambda ip: (address_scope(ip) != "loopback", ip))
 
 
@@ -80,3 +70,50 @@ def listen_multiaddrs(host: str, port: int, peer_id: str) -> list[str]:
     """The multiaddrs a node listening on ``host:port`` would print (``0.0.0.0`` = every local address)."""
     hosts = local_ipv4_addresses() if host in ("", "0.0.0.0") else [host]
     return [f"/ip4/{h}/tcp/{port}/p2p/{peer_id}" for h in hosts]
+
+
+def _port_of(addrs: list[str]) -> int | None:
+    found = [int(m.group(2)) for m in map(_IP4_TCP.search, addrs) if m]
+    return found[0] if found else None
+
+
+def startup_reach(
+    verdict: Verdict, addrs: list[str], joined_through: list[str], peer_id: str
+) -> tuple[str, str | None]:
+    """(the join command to offer, a note on how this node is reachable or None), from its peers' dial-backs.
+
+    A node behind NAT never offers its own (private) address: whoever tries it from outside waits for a
+    connection that cannot open; it offers the peer it joined through, which did answer.
+    """
+    port = _port_of(addrs)
+    if verdict.reachability is Reachability.PUBLIC and verdict.seen_ip:
+        at = [a for a in addrs if f"/ip4/{verdict.seen_ip}/" in a]
+        return (f"swarm-node join --peer {at[0] if at else _best(addrs)}",
+                f"reachable: peers dialled this node back at {verdict.seen_ip}")  # fmt: skip
+    if verdict.reachability is Reachability.FORWARDED and verdict.seen_ip and port is not None:
+        outside = f"/ip4/{verdict.seen_ip}/tcp/{port}"
+        return (f"swarm-node join --peer {outside}/p2p/{peer_id}",
+                f"reachable through a forwarded port at {verdict.seen_ip}; pass --announce {outside} so that "
+                "peers learn that address")  # fmt: skip
+    if verdict.reachability is Reachability.NAT:
+        seen = f"{verdict.seen_ip}:{port}" if verdict.seen_ip and port is not None else "this node"
+        public = verdict.seen_ip or "<public-ip>"
+        offer = (
+            f"swarm-node join --peer {joined_through[0]}" if joined_through else "(nobody can join through this node)"
+        )
+        return (offer,
+                f"behind NAT: {verdict.answers} peer(s) could not dial {seen}; this node trains and shares over "
+                "the connections it opens, and others join through the peer it joined; to be reachable, forward "
+                f"TCP port {port} to this machine and pass --announce /ip4/{public}/tcp/{port}")  # fmt: skip
+    return f"swarm-node join --peer {_best(addrs)}" if addrs else "(no listen address)", None
+
+
+def _best(addrs: list[str]) -> str:
+    """A public address first, then a private one, loopback last."""
+    order = {"public": 0, "private": 1, "loopback": 2}
+
+    def rank(a: str) -> tuple[int, str]:
+        m = _IP4_TCP.search(a)
+        return (order[address_scope(m.group(1))] if m else 3, a)
+
+    return sorted(addrs, key=rank)[0]

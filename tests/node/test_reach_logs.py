@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from node.observe.logs import CONTEXT, ContextFilter
-from node.observe.reach import reachability_advice
+from node.observe.reach import reachability_advice, startup_reach
+from swarm.reach import Reachability, Verdict
 
 PRIVATE = ["/ip4/127.0.0.1/tcp/31337/p2p/X", "/ip4/192.168.1.20/tcp/31337/p2p/X"]
 
@@ -50,3 +51,15 @@ def test_log_lines_carry_peer_and_round() -> None:
         assert tagged.ctx == "", "a line that already names the peer is not prefixed twice"  # type: ignore[attr-defined]
     finally:
         CONTEXT.peer, CONTEXT.round = "", 0
+
+
+def test_a_node_behind_nat_offers_the_peer_it_joined_never_its_private_address() -> None:
+    addrs = ["/ip4/10.20.0.10/tcp/7100/p2p/me"]
+    boot = "/ip4/203.0.114.10/tcp/7100/p2p/boot"
+    join, note = startup_reach(Verdict(Reachability.NAT, "203.0.114.100", 2), addrs, [boot], "me")
+    assert join == f"swarm-node join --peer {boot}" and "10.20.0.10" not in join
+    assert note is not None and "behind NAT" in note and "203.0.114.100:7100" in note
+    join, note = startup_reach(Verdict(Reachability.FORWARDED, "198.51.100.7", 1), addrs, [boot], "me")
+    assert join == "swarm-node join --peer /ip4/198.51.100.7/tcp/7100/p2p/me" and "--announce" in (note or "")
+    join, note = startup_reach(Verdict(Reachability.UNKNOWN, None, 0), addrs, [boot], "me")
+    assert join == f"swarm-node join --peer {addrs[0]}" and note is None  # no answer: the address advice speaks
