@@ -26,12 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hivemind.p2p import PeerID
+
 from protocol import limits
 from protocol.errors import MessageRejected
 from protocol.messages import open_batch, payload_digest, seal_batch, seal_descriptor
 from protocol.schema import Descriptor, RolloutBatch
 from swarm import discovery
 from swarm.membership import Membership
+from swarm.payload_relay import RELAY_SUFFIX, RelayServer, fetch_via
 from swarm.payload_stream import FetchError, FetchFailure, Pace, fetch_many, serve_one
 from swarm.refusals import BatchRejection, PayloadRejected, Refusal
 from swarm.reputation import Offence, Reputation, ReputationConfig
@@ -192,6 +195,11 @@ def verify_payload(desc: Descriptor, payload: bytes) -> RolloutBatch:
     return batch
 
 
+RELAYS_TRIED = 2
+"""Relays a fetch tries, one after the other, when its publisher cannot be dialled (swarm.payload_relay)."""
+REMEMBERED_RELAYS = 16
+"""Publishers reached directly that are remembered as relays for the ones that cannot be dialled."""
+
 _MAX_PENDING_STORES = 4
 """Descriptor stores left to finish in the background at once (see RolloutExchange._store)."""
 
@@ -222,8 +230,12 @@ class RolloutExchange:
         self._shards = self.cfg.min_shards  # this node's view of the swarm's shard count, and its size estimate
         self._estimate = 0.0
         self._lock = threading.Lock()
-        counters = ("bytes_in", "bytes_out", "fetch_ok", "fetch_failed", "fetch_too_slow", "published")
+        counters = ("bytes_in", "bytes_out", "fetch_ok", "fetch_failed", "fetch_too_slow", "fetch_relayed", "published")
         self._stats = dict.fromkeys((*counters, "publish_failed", "served", "skipped_banned"), 0)
+        # publishers a direct fetch reached lately (most recent last): they can relay to the ones we cannot reach
+        self._reached: OrderedDict[str, None] = OrderedDict()
+        self._relayed: set[tuple[str, str]] = set()  # fetched through a relay, until verified
+        self._relay = RelayServer(membership.peer_id, self._open_payload_stream, self.cfg.pace, self.cfg.chunk_bytes)
         self._started = False
 
     @property
@@ -241,6 +253,8 @@ class RolloutExchange:
         """Register the payload stream handler (membership must be started)."""
         p2p = self.membership.p2p
         self.membership.run(p2p.add_binary_stream_handler(self.handler_name, self._handle), self.cfg.dht_timeout_s)
+        relay = p2p.add_binary_stream_handler(self.handler_name + RELAY_SUFFIX, self._handle_relay)
+        self.membership.run(relay, self.cfg.dht_timeout_s)
         self._started = True
         logger.info("%s serving payloads as %s", self._tag(), self.handler_name)
         return self
@@ -252,7 +266,8 @@ class RolloutExchange:
         self._started = False
         try:
             p2p = self.membership.p2p
-            self.membership.run(p2p.remove_binary_stream_handler(self.handler_name), self.cfg.dht_timeout_s)
+            for name in (self.handler_name, self.handler_name + RELAY_SUFFIX):
+                self.membership.run(p2p.remove_binary_stream_handler(name), self.cfg.dht_timeout_s)
         except Exception as e:  # closing: the P2P side may already be gone
             logger.debug("%s removing handler: %s", self._tag(), e)
         with self._lock:
@@ -375,8 +390,34 @@ class RolloutExchange:
             self._count(bytes_out=sent, served=int(sent > 0))
         except Exception as e:  # a client went away or sent garbage: its problem
             logger.debug("%s serving a payload failed: %s", self._tag(), e or type(e).__name__)
+        except asyncio.CancelledError:  # leaving mid-stream: quietly (see swarm.sync.hivemind_transport)
+            pass
         finally:
             writer.close()
+
+    async def _handle_relay(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._relay.handle(info.peer_id.to_base58(), reader, writer)
+        except asyncio.CancelledError:  # leaving mid-relay: quietly
+            writer.close()
+
+    async def _open_payload_stream(self, peer: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        _, reader, writer = await self.membership.p2p.call_binary_stream_handler(
+            PeerID.from_base58(peer), self.handler_name
+        )
+        return reader, writer
+
+    def relay_stats(self) -> dict[str, int]:
+        """Fetches this node relayed for others, refused to, and the payload bytes it moved for them."""
+        return {"relayed": self._relay.relayed, "refused": self._relay.refused, "bytes": self._relay.bytes}
+
+    def _relays_for(self, publisher: str) -> list[str]:
+        """Who may relay a fetch from ``publisher``: the peers we joined through, then those we reached lately."""
+        initial = [a.rsplit("/p2p/", 1)[-1] for a in self.membership.cfg.initial_peers if "/p2p/" in a]
+        with self._lock:
+            recent = list(reversed(self._reached))
+        chosen = [p for p in dict.fromkeys([*initial, *recent]) if p not in (publisher, self.peer_id)]
+        return chosen[:RELAYS_TRIED]
 
     # ---- collecting -------------------------------------------------------------------------
 
@@ -492,12 +533,34 @@ class RolloutExchange:
             coro = fetch_many(
                 self.membership.p2p, self.handler_name, wanted, budget_s=budget, parallel=self.cfg.max_parallel_fetches,
                 chunk_bytes=self.cfg.chunk_bytes, pace=self.cfg.pace, cap_s=self.cfg.fetch_timeout_s,
+                fallback=self._fetch_relayed,
             )  # fmt: skip
             result: dict[tuple[str, str], bytes | FetchError] = self.membership.run(coro, budget + 2.0)
             return result
         except Exception as e:  # the loop itself is stuck or gone
             logger.warning("%s fetching failed as a whole: %s", self._tag(), e or type(e).__name__)
             return {}
+
+    async def _fetch_relayed(self, publisher: str, digest: str, size: int, left: float) -> bytes:
+        """``publisher``'s payload through the first relay that delivers it in the ``left`` seconds."""
+        end = asyncio.get_running_loop().time() + left
+        error = FetchError(FetchFailure.UNREACHABLE, "no relay to try")
+        for relay in self._relays_for(publisher):
+            remaining = end - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                break
+            coro = fetch_via(self.membership.p2p, relay, self.handler_name, publisher, digest, size,
+                             self.cfg.chunk_bytes, self.cfg.pace)  # fmt: skip
+            try:
+                payload = await asyncio.wait_for(coro, remaining)
+            except (FetchError, TimeoutError) as e:
+                error = e if isinstance(e, FetchError) else FetchError(FetchFailure.TOO_SLOW, "relay too slow")
+                continue
+            self._count(fetch_relayed=1)
+            with self._lock:
+                self._relayed.add((publisher, digest))
+            return payload
+        raise error
 
     def _verify_all(
         self,
@@ -530,6 +593,13 @@ class RolloutExchange:
                 continue
             self._count(fetch_ok=1)
             self._settle(desc, now, None, credit=True)
+            with self._lock:
+                if (desc.publisher, desc.payload_digest) not in self._relayed:
+                    self._reached[desc.publisher] = None
+                    self._reached.move_to_end(desc.publisher)
+                    while len(self._reached) > REMEMBERED_RELAYS:
+                        self._reached.popitem(last=False)
+                self._relayed.discard((desc.publisher, desc.payload_digest))
         return accepted
 
     def _settle(self, desc: Descriptor, now: float, offence: Offence | None, *, credit: bool) -> None:

@@ -94,6 +94,9 @@ class Pace:
 
 DEFAULT_PACE = Pace()
 
+Fallback = Callable[[str, str, int, float], Awaitable[bytes]]
+"""(publisher, digest, size, seconds left) -> the payload by another way (a relay), or raises FetchError."""
+
 
 def error_frame(message: str) -> bytes:
     body = message.encode()[:MAX_ERROR_BYTES]
@@ -130,11 +133,13 @@ async def fetch_one(
     expected_size: int,
     chunk_bytes: int,
     pace: Pace = DEFAULT_PACE,
+    request: bytes | None = None,
 ) -> bytes:
     """Fetch the payload ``digest`` from ``peer_id`` at ``pace`` or better; raise FetchError with a reason.
 
     A total bound is still the caller's (``asyncio.wait_for``); ``pace`` ends a
-    fetch early when its publisher is silent or slow.
+    fetch early when its publisher is silent or slow. ``request`` replaces the
+    digest as the bytes sent (a relay's request: :mod:`swarm.payload_relay`).
     """
     try:
         call = p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), handler)
@@ -146,7 +151,7 @@ async def fetch_one(
     except Exception as e:
         raise FetchError(FetchFailure.UNREACHABLE, _short(e)) from None
     try:
-        writer.write(digest.encode("ascii"))
+        writer.write(digest.encode("ascii") if request is None else request)
         await writer.drain()
         return await _read_response(reader, expected_size, chunk_bytes, pace)
     except asyncio.IncompleteReadError as e:
@@ -167,6 +172,7 @@ async def fetch_many(
     chunk_bytes: int,
     pace: Pace = DEFAULT_PACE,
     cap_s: float = math.inf,
+    fallback: Fallback | None = None,
 ) -> dict[tuple[str, str], bytes | FetchError]:
     """Fetch each ``(peer_id, digest, size)`` in ``wanted``, at most ``parallel`` at once, within ``budget_s``.
 
@@ -175,22 +181,21 @@ async def fetch_many(
     Returns the bytes or the error per ``(peer_id, digest)``: two peers that
     name one digest are two fetches, so neither answer stands for the other's.
     Fetches still running when ``budget_s`` ends are absent (the caller's own
-    deadline, no fault of theirs).
+    deadline, no fault of theirs). A publisher that cannot be reached is tried
+    once more through ``fallback`` (a relay), in the time its fetch has left.
     """
     slots = asyncio.Semaphore(parallel)
 
     async def one(peer_id: str, digest: str, size: int) -> bytes | FetchError:
         async with slots:
             limit = min(cap_s, pace.budget_s(size))
-            try:
-                coro = fetch_one(p2p, peer_id, handler, digest, size, chunk_bytes, pace)
-                return await asyncio.wait_for(coro, limit)
-            except TimeoutError:
-                return FetchError(FetchFailure.TOO_SLOW, f"no payload within {limit:.1f} s")
-            except FetchError as e:
-                return e
-            except Exception as e:  # never let one bad peer break the others
-                return FetchError(FetchFailure.CONNECTION, f"{type(e).__name__}: {_short(e)}")
+            end = asyncio.get_running_loop().time() + limit
+            result = await _bounded(fetch_one(p2p, peer_id, handler, digest, size, chunk_bytes, pace), limit)
+            left = end - asyncio.get_running_loop().time()
+            if fallback is None or not isinstance(result, FetchError) or result.kind is not FetchFailure.UNREACHABLE:
+                return result
+            relayed = await _bounded(fallback(peer_id, digest, size, left), left) if left > 0 else result
+            return relayed if isinstance(relayed, bytes) else result
 
     tasks = {(peer, digest): asyncio.create_task(one(peer, digest, size)) for peer, digest, size in wanted}
     if not tasks:
@@ -199,6 +204,18 @@ async def fetch_many(
     for task in pending:
         task.cancel()
     return {key: task.result() for key, task in tasks.items() if task in done}
+
+
+async def _bounded(coro: Awaitable[bytes], limit: float) -> bytes | FetchError:
+    """``coro``'s bytes, or its failure as a FetchError (never raises: one bad peer never breaks the others)."""
+    try:
+        return await asyncio.wait_for(coro, limit)
+    except TimeoutError:
+        return FetchError(FetchFailure.TOO_SLOW, f"no payload within {limit:.1f} s")
+    except FetchError as e:
+        return e
+    except Exception as e:
+        return FetchError(FetchFailure.CONNECTION, f"{type(e).__name__}: {_short(e)}")
 
 
 async def _read_response(reader: asyncio.StreamReader, expected_size: int, chunk_bytes: int, pace: Pace) -> bytes:

@@ -467,6 +467,7 @@ class Node:
             task_builds=collected.task_builds,
             bytes_in=traffic.get("bytes_in", 0),
             bytes_out=traffic.get("bytes_out", 0),
+            fetched_via_relay=traffic.get("fetch_relayed", 0),
             loss=stats.get("loss") if trained else None,
             lr=float(stats["lr"]),  # the trainer reports the rate it stepped at
             ingest_s=collected.ingest_s,

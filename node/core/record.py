@@ -86,6 +86,7 @@ class RoundRecord:
     task_builds: int
     bytes_in: int
     bytes_out: int
+    fetched_via_relay: int
     loss: float | None
     lr: float
     ingest_s: float
