@@ -55,6 +55,8 @@ from swarm.sync.vetoes import vetoers
 
 logger = logging.getLogger(__name__)
 
+ADDRS_REFRESH_S = 60.0
+"""How often a peer re-reads its own addresses for its records (a relayed one comes minutes after start)."""
 MAX_EXPECTED = 256
 """Most peers one round's joiners make this peer expect next round (bounded memory)."""
 OPENED_RECORDS = 4096
@@ -125,6 +127,7 @@ class SyncRecords:
         self._last_matchmaking = float("-inf")
         """When the last matchmaking began (see :meth:`_nearby`)."""
         self._addrs: tuple[str, ...] | None = None
+        self._addrs_at = 0.0
         """This peer's transport addresses, published with its join and state records (swarm.sync.dialhints)."""
         self.hints = DialHints()
         """Other peers' published addresses (OuterSync hands its sync service this same object)."""
@@ -176,9 +179,12 @@ class SyncRecords:
         return stored
 
     def addrs(self) -> tuple[str, ...]:
-        """This peer's transport addresses, asked once: a node's listen addresses do not change while it runs."""
-        if self._addrs is None:
+        """This peer's transport addresses, asked again every ADDRS_REFRESH_S: a node behind NAT gains a relayed
+        address minutes after it started (libp2p's relay reservation), and the records must carry it."""
+        now = self._clock()
+        if self._addrs is None or now - self._addrs_at >= ADDRS_REFRESH_S:
             self._addrs = transport_addrs(self._dht.addresses())
+            self._addrs_at = now
         return self._addrs
 
     def refresh_state(self, revision: int, state_hash: str, origin: str = "") -> None:

@@ -43,30 +43,43 @@ class _Addressed(Protocol):
     def addrs(self) -> tuple[str, ...]: ...
 
 
+CIRCUIT = "/p2p-circuit"
+
+
 def transport_addrs(maddrs: Iterable[str]) -> tuple[str, ...]:
-    """The first :data:`MAX_ADDRS` distinct addresses of ``maddrs`` without their ``/p2p/<id>`` part.
+    """The first :data:`MAX_ADDRS` distinct addresses of ``maddrs`` without their own ``/p2p/<id>`` part.
+
+    A relayed address keeps its relay (``/ip4/R/tcp/P/p2p/<relay>/p2p-circuit``): behind NAT it is the only
+    way in. Direct addresses come first, so a record that can name only four names those.
 
     >>> transport_addrs(["/ip4/127.0.0.1/tcp/5/p2p/12D3KooWA", "/ip4/127.0.0.1/tcp/5"])
     ('/ip4/127.0.0.1/tcp/5',)
+    >>> transport_addrs(["/ip4/1.2.3.4/tcp/5/p2p/12D3KooWR/p2p-circuit/p2p/12D3KooWA"])
+    ('/ip4/1.2.3.4/tcp/5/p2p/12D3KooWR/p2p-circuit',)
     """
     out: list[str] = []
-    for m in maddrs:
-        addr = m.split("/p2p/")[0]
+    for m in sorted(maddrs, key=lambda a: CIRCUIT in a):
+        addr = m.split(CIRCUIT)[0] + CIRCUIT if CIRCUIT in m else m.split("/p2p/")[0]
         if valid_addr(addr) and addr not in out:
             out.append(addr)
     return tuple(out[:MAX_ADDRS])
 
 
 def valid_addr(value: object) -> bool:
-    """A transport multiaddr's text: ``/``-led printable ASCII, at most :data:`MAX_ADDR_CHARS`, no peer id."""
-    return (
+    """A transport multiaddr's text: ``/``-led printable ASCII, at most :data:`MAX_ADDR_CHARS`, no peer id but a
+    relay's (``.../p2p/<relay>/p2p-circuit``)."""
+    if not (
         isinstance(value, str)
         and 1 < len(value) <= MAX_ADDR_CHARS
         and value.startswith("/")
         and value.isascii()
         and value.isprintable()
-        and "/p2p/" not in value
-    )
+    ):
+        return False
+    if value.endswith(CIRCUIT):
+        head = value[: -len(CIRCUIT)]
+        return head.count("/p2p/") == 1 and "/p2p/" in head and CIRCUIT not in head
+    return "/p2p/" not in value
 
 
 class DialHints:

@@ -30,7 +30,12 @@ class HivemindStreams:
 
     async def serve(self, name: str, handler: Handler) -> None:
         async def on_stream(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await handler(info.peer_id.to_base58(), reader, writer)
+            try:
+                await handler(info.peer_id.to_base58(), reader, writer)
+            except asyncio.CancelledError:
+                # the loop stops while a stream is served (a node leaving): end quietly. Re-raised, Python
+                # 3.11's stream callback calls exception() on the cancelled task and logs a traceback.
+                writer.close()
 
         await self._p2p.add_binary_stream_handler(name, on_stream)
 
@@ -44,9 +49,48 @@ class HivemindStreams:
 
     async def connect(self, peer: str, addrs: Sequence[str]) -> None:
         # hivemind's P2P has no public connect: its daemon client has
-        maddrs = [Multiaddr(a) for a in addrs]
+        maddrs = [_Encoded(a) for a in addrs]
         client: Any = self._p2p._client
         await client.connect(PeerID.from_base58(peer), maddrs)
+
+
+class _Encoded:
+    """A multiaddr as the daemon parses it. hivemind's Multiaddr writes a ``/p2p/<id>`` component as a CID,
+    which go-libp2p refuses ("length greater than remaining number of bytes"); a relayed address
+    (``.../p2p/<relay>/p2p-circuit``) needs the relay's id as a multihash, as the multiaddr spec has it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def to_bytes(self) -> bytes:
+        if "/p2p/" not in self.text:
+            return bytes(Multiaddr(self.text).to_bytes())
+        head, rest = self.text.split("/p2p/", 1)
+        peer, _, tail = rest.partition("/")
+        digest = bytes(PeerID.from_base58(peer).to_bytes())
+        out = bytes(Multiaddr(head).to_bytes()) + _uvarint(P2P_CODE) + _uvarint(len(digest)) + digest
+        if tail:
+            if tail != "p2p-circuit":
+                raise ValueError(f"unsupported multiaddr {self.text}")
+            out += _uvarint(CIRCUIT_CODE)
+        return out
+
+    def __str__(self) -> str:
+        return self.text
+
+
+P2P_CODE, CIRCUIT_CODE = 0x01A5, 0x0122  # multicodec table: p2p, p2p-circuit
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
 
 
 class HivemindRecords:
@@ -72,7 +116,7 @@ class HivemindRecords:
         return bool(fut.result(timeout=timeout))
 
     def addresses(self) -> list[str]:
-        return self._m.visible_multiaddrs()
+        return self._m.visible_multiaddrs(latest=True)
 
 
 class MembershipLoop:

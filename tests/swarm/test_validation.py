@@ -179,7 +179,7 @@ def _membership(key: SigningKey) -> Any:
     return SimpleNamespace(
         identity=SimpleNamespace(key=key), peer_id=key.peer_id, cfg=MembershipConfig(swarm_id=SWARM),
         dht=_CapturingDHT(), p2p=_P2P(), run=lambda coro, timeout: asyncio.run(coro),
-        visible_multiaddrs=lambda: [f"/ip4/127.0.0.1/tcp/31337/p2p/{key.peer_id}"],
+        visible_multiaddrs=lambda latest=False: [f"/ip4/127.0.0.1/tcp/31337/p2p/{key.peer_id}"],
     )  # fmt: skip
 
 
