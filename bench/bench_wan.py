@@ -78,6 +78,8 @@ def scenarios(args: argparse.Namespace) -> dict[str, Scenario]:
         "nat": Scenario("nat", public=2, homes=[2, 1, 1]),
         "wan": Scenario("wan", public=6, homes=[], shape=shape),
         "wan-nat": Scenario("wan-nat", public=2, homes=[2, 1, 1], shape=shape),
+        "pair": Scenario("pair", public=1, homes=[1, 1]),
+        "flat-pair": Scenario("flat-pair", public=1, homes=[1, 1], nat=False),
     }
 
 

@@ -1,0 +1,76 @@
+"""Two homes behind NAT and one public peer, on the WAN testbed (bench/wan.py): real nodes, real NAT.
+
+Neither home can open a connection into the other (each router masquerades and forwards nothing in).
+With the node's defaults, each NATed node says within 10 s of start that it is behind NAT and offers the
+public peer's address to join through, never its own private one; each trains on the *other* home's
+groups, fetched through the public peer (``fetched_via_relay``), which it could not fetch at all before
+the relay; and every node leaves on SIGTERM within 30 s. Access links run through the user-space link
+emulator (5 ms each way), so its path is exercised too. Skips, saying why, where namespaces, nftables or
+ethtool are not available (``make wan-deps``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import bench_wan
+from bench import wan as wanbed
+from bench.linkemu import LinkShape
+from tests.procs import Procs, poll_until
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+NODE_ARGS = ["--checkpoint-every", "0", "--eval-every", "0"]
+RELAY_WAIT_S = 150.0
+
+
+def _events(run: bench_wan.NodeRun, kind: str) -> list[dict[str, Any]]:
+    return [e for e in bench_wan.events(run) if e.get("event") == kind]
+
+
+def _used(run: bench_wan.NodeRun, publisher: str) -> tuple[int, int]:
+    """(groups of ``publisher`` trained on, payloads fetched through a relay) so far."""
+    rounds = _events(run, "round")
+    used = sum(int((r.get("external_peers") or {}).get(publisher, 0)) for r in rounds)
+    relayed = max((int(r.get("fetched_via_relay") or 0) for r in rounds), default=0)
+    return used, relayed
+
+
+def test_two_homes_behind_nat_learn_from_each_other_through_the_public_peer(tmp_path: Path) -> None:
+    why = wanbed.unavailable()
+    if why is not None:
+        pytest.skip(why)
+    with wanbed.Wan(1, [1, 1], shape=LinkShape(5.0, 1.0, 0.0)) as bed, Procs(tmp_path) as procs:
+        runs = bench_wan.start_nodes(bed, procs, tmp_path, NODE_ARGS)
+        public, home_a, home_b = runs
+        for home in (home_a, home_b):
+            reach = poll_until(lambda h=home: _events(h, "reach") or None, 30)  # type: ignore[misc]
+            assert reach, home.proc.log_tail()
+            start = _events(home, "start")[0]
+            assert reach[0]["reachability"] == "behind NAT", reach
+            assert float(reach[0]["time"]) - float(start["time"]) <= 10.0
+            log = (home.log_dir / "node.log").read_text()
+            join = bench_wan._line_after(log, "Others can join with:")
+            assert public.host.ip in join and home.host.ip not in join, join
+            assert "behind NAT" in log
+
+        def both_used() -> bool | None:
+            a_of_b, a_relayed = _used(home_a, home_b.ready["peer"])
+            b_of_a, b_relayed = _used(home_b, home_a.ready["peer"])
+            return (a_of_b > 0 and b_of_a > 0 and a_relayed > 0 and b_relayed > 0) or None
+
+        assert poll_until(both_used, RELAY_WAIT_S, poll=1.0), (
+            f"home a used {_used(home_a, home_b.ready['peer'])}, home b {_used(home_b, home_a.ready['peer'])}\n"
+            + home_a.proc.log_tail()
+        )
+        t0 = time.monotonic()
+        bench_wan.stop_nodes(runs)
+        for run in runs:
+            assert run.exit_code == 0 and run.exit_s is not None and run.exit_s <= 30.0, (run.host.name, run.exit_s)
+            assert "Traceback" not in (run.log_dir / "node.log").read_text(), run.host.name
+        print(json.dumps({r.host.name: r.exit_s for r in runs}), f"left in {time.monotonic() - t0:.1f} s")
