@@ -10,12 +10,13 @@ starts, its storage and cache are replaced by byte-budgeted ones
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,41 @@ def classify_start_error(message: str) -> str | None:
     if "bootstrap" in message:
         return "bootstrap"
     return None
+
+
+RELAY_LIMITS: dict[str, int | str] = {
+    "relayMaxReservations": 32,  # peers behind NAT that may hold a slot on this node at once
+    "relayMaxCircuits": 4,  # relayed connections per peer at once
+    "relayBufferSize": 256 * 1024,  # bytes buffered per relayed connection and direction
+    "relayDataLimit": 1 << 30,  # bytes one relayed connection carries each way before it is reset
+    "relayTimeLimit": "30m",  # how long one relayed connection lives
+}
+"""What a node that serves as a libp2p relay gives peers behind NAT, at most: p2pd's own defaults (128
+reservations, 16 circuits each, 16 MiB buffers: up to 64 GiB of buffers for a peer with many keys) are
+bounded here to at most 32 x 4 x 2 x 256 KiB = 64 MiB."""
+
+
+@contextlib.contextmanager
+def relay_limits(flags: dict[str, int | str]) -> Iterator[None]:
+    """Add ``flags`` to the p2pd command line of a DHT started inside this block.
+
+    hivemind's P2P passes no relay limits to its daemon and takes none; the DHT process is forked from
+    this one, so it inherits the wrapped argument builder as it is when it starts.
+    """
+    original = P2P._make_process_args
+    if not flags:
+        yield
+        return
+
+    def with_limits(*args: Any, **kwargs: Any) -> list[str]:
+        built: list[str] = original(*args, **{**kwargs, **flags})
+        return built
+
+    P2P._make_process_args = staticmethod(with_limits)
+    try:
+        yield
+    finally:
+        P2P._make_process_args = staticmethod(original)
 
 
 class Membership:
@@ -238,7 +274,8 @@ class Membership:
             kwargs["trusted_relays"] = list(initial_peers)
         kwargs["cache_size"] = self.cfg.dht_cache_keys  # hivemind's default cache is unbounded
         kwargs["cache_nearest"] = 0  # others keep only records their owners store (swarm.dht_storage)
-        return hivemind.DHT(start=True, record_validators=self._validators, **kwargs)
+        with relay_limits(RELAY_LIMITS if self.cfg.use_relay else {}):
+            return hivemind.DHT(start=True, record_validators=self._validators, **kwargs)
 
     def _install_budgets(self, dht: hivemind.DHT) -> None:
         """Budget the new DHT's storage and cache; a DHT left unbounded is shut down, not used."""

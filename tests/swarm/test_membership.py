@@ -342,3 +342,32 @@ def test_a_lookup_merging_into_what_get_returned_cannot_write_around_the_budget(
     found.value.store(_peer(2), bytes(5000), T0 + 60)  # what _SearchState.add_candidate does
     assert _peer(2) not in s.data[_key(1)].value.data and s.used_bytes == held_bytes(s)
     assert s.get(_key(1)).value.get(_peer(1)).value == b"held"
+
+
+def _p2pd_cmdline(dht_pid: int) -> str:
+    """The command line of the p2pd daemon the DHT process ``dht_pid`` started."""
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == dht_pid and "p2pd" in cmdline:
+            return cmdline
+    return ""
+
+
+@network
+def test_a_node_serves_as_a_relay_within_its_bounds(tmp_path: Path) -> None:
+    """p2pd's own relay defaults would let one peer with many keys claim gigabytes of buffers."""
+    from swarm.membership import RELAY_LIMITS
+
+    with Membership(load_or_create(tmp_path / "a.key"), cfg()) as a:
+        assert a.dht is not None
+        line = _p2pd_cmdline(a.dht.pid)
+        assert "-relay=1" in line, line
+        for flag, value in RELAY_LIMITS.items():
+            assert f"-{flag}={value}" in line, line
+    with Membership(load_or_create(tmp_path / "b.key"), cfg(use_relay=False)) as b:
+        assert b.dht is not None
+        assert "relayMaxReservations" not in _p2pd_cmdline(b.dht.pid)
