@@ -154,6 +154,7 @@ def events(run: NodeRun) -> list[dict[str, Any]]:
 
 def summarize(runs: list[NodeRun], seconds: float) -> dict[str, Any]:
     by_peer = {run.ready.get("peer", ""): run.host.name for run in runs}
+    by_peer.update({peer[-6:]: name for peer, name in by_peer.items()})  # batches_from names short ids
     nodes: dict[str, Any] = {}
     states: dict[int, set[str]] = defaultdict(set)
     for run in runs:
@@ -161,9 +162,12 @@ def summarize(runs: list[NodeRun], seconds: float) -> dict[str, Any]:
         rounds = [e for e in evs if e.get("event") == "round"]
         syncs = [e for e in evs if e.get("event") == "sync"]
         used: Counter[str] = Counter()
+        fetched: Counter[str] = Counter()
         for r in rounds:
             for peer, n in (r.get("external_peers") or {}).items():
                 used[by_peer.get(peer, peer[-6:])] += int(n)
+            for peer, n in (r.get("batches_from") or {}).items():
+                fetched[by_peer.get(peer, peer[-6:])] += int(n)
         commits = [s for s in syncs if s.get("committed")]
         for s in commits:
             states[int(s["revision"])].add(str(s["state_hash"]))
@@ -179,6 +183,9 @@ def summarize(runs: list[NodeRun], seconds: float) -> dict[str, Any]:
             "round_s_median": statistics.median(r["round_s"] for r in rounds) if rounds else None,
             "groups_from": dict(used),
             "groups_per_round_from": {k: round(v / max(1, len(rounds)), 3) for k, v in used.items()},
+            "batches_from": dict(fetched),
+            "batches_per_min_from": {k: round(60 * v / max(span, 1e-9), 1) for k, v in fetched.items()},
+            "fetched_via_relay": max((int(r.get("fetched_via_relay") or 0) for r in rounds), default=0),
             "fetch_failed": sum(int(r.get("fetch_failed") or 0) for r in rounds),
             "sync_attempts": len(syncs),
             "commits": len(commits),
@@ -220,13 +227,14 @@ def run_scenario(sc: Scenario, seconds: float, extra: list[str], keep: Path | No
 def print_table(result: dict[str, Any]) -> None:
     print(f"\n== {result['scenario']}: start {result['start_s']} s, load {' '.join(result['load'])}, "
           f"revisions {result['revisions']}, forked {result['revisions_with_two_states']}")  # fmt: skip
-    head = f"{'node':<9} {'ip':<13} {'rnd/h':>6} {'rnd_s':>6} {'commits':>7} {'/h':>5} {'exit_s':>6}  groups/round from"
+    head = f"{'node':<9} {'ip':<13} {'rnd/h':>6} {'rnd_s':>6} {'commits':>7} {'/h':>5} {'exit_s':>6} {'relay':>5}"
+    head += "  batches/min from"
     print(head)
     for name, n in result["nodes"].items():
         med = f"{n['round_s_median']:.2f}" if n["round_s_median"] is not None else "-"
-        used = " ".join(f"{k}:{v:.2f}" for k, v in sorted(n["groups_per_round_from"].items()))
+        used = " ".join(f"{k}:{v:.1f}" for k, v in sorted(n["batches_per_min_from"].items()))
         print(f"{name:<9} {n['ip']:<13} {n['rounds_per_h']:>6} {med:>6} {n['commits']:>7} {n['commits_per_h']:>5} "
-              f"{n['exit_s']!s:>6}  {used}")  # fmt: skip
+              f"{n['exit_s']!s:>6} {n['fetched_via_relay']:>5}  {used}")  # fmt: skip
         print(f"          join: {n['join_hint']}")
         for note in n["note"]:
             print(f"          {note.strip()[:160]}")

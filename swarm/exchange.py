@@ -197,6 +197,9 @@ def verify_payload(desc: Descriptor, payload: bytes) -> RolloutBatch:
 
 RELAYS_TRIED = 2
 """Relays a fetch tries, one after the other, when its publisher cannot be dialled (swarm.payload_relay)."""
+RELAY_FIRST_S = 120.0
+"""After a publisher's payload came through a relay, its next fetches go to the relay first for this long
+(a direct dial to a NATed publisher only waits out its timeout); then a direct dial is tried again."""
 REMEMBERED_RELAYS = 16
 """Publishers reached directly that are remembered as relays for the ones that cannot be dialled."""
 
@@ -235,6 +238,7 @@ class RolloutExchange:
         # publishers a direct fetch reached lately (most recent last): they can relay to the ones we cannot reach
         self._reached: OrderedDict[str, None] = OrderedDict()
         self._relayed: set[tuple[str, str]] = set()  # fetched through a relay, until verified
+        self._needs_relay: OrderedDict[str, float] = OrderedDict()  # publisher -> until when to ask a relay first
         self._relay = RelayServer(membership.peer_id, self._open_payload_stream, self.cfg.pace, self.cfg.chunk_bytes)
         self._started = False
 
@@ -533,13 +537,19 @@ class RolloutExchange:
             coro = fetch_many(
                 self.membership.p2p, self.handler_name, wanted, budget_s=budget, parallel=self.cfg.max_parallel_fetches,
                 chunk_bytes=self.cfg.chunk_bytes, pace=self.cfg.pace, cap_s=self.cfg.fetch_timeout_s,
-                fallback=self._fetch_relayed,
+                fallback=self._fetch_relayed, relay_first=self._relay_first,
             )  # fmt: skip
             result: dict[tuple[str, str], bytes | FetchError] = self.membership.run(coro, budget + 2.0)
             return result
         except Exception as e:  # the loop itself is stuck or gone
             logger.warning("%s fetching failed as a whole: %s", self._tag(), e or type(e).__name__)
             return {}
+
+    def _relay_first(self, publisher: str) -> bool:
+        """Whether ``publisher``'s last payload came through a relay lately (its direct dial would only wait)."""
+        with self._lock:
+            until = self._needs_relay.get(publisher)
+        return until is not None and time.monotonic() < until
 
     async def _fetch_relayed(self, publisher: str, digest: str, size: int, left: float) -> bytes:
         """``publisher``'s payload through the first relay that delivers it in the ``left`` seconds."""
@@ -559,6 +569,10 @@ class RolloutExchange:
             self._count(fetch_relayed=1)
             with self._lock:
                 self._relayed.add((publisher, digest))
+                self._needs_relay[publisher] = time.monotonic() + RELAY_FIRST_S
+                self._needs_relay.move_to_end(publisher)
+                while len(self._needs_relay) > REMEMBERED_RELAYS * 16:
+                    self._needs_relay.popitem(last=False)
             return payload
         raise error
 

@@ -173,6 +173,7 @@ async def fetch_many(
     pace: Pace = DEFAULT_PACE,
     cap_s: float = math.inf,
     fallback: Fallback | None = None,
+    relay_first: Callable[[str], bool] = lambda _peer: False,
 ) -> dict[tuple[str, str], bytes | FetchError]:
     """Fetch each ``(peer_id, digest, size)`` in ``wanted``, at most ``parallel`` at once, within ``budget_s``.
 
@@ -182,7 +183,9 @@ async def fetch_many(
     name one digest are two fetches, so neither answer stands for the other's.
     Fetches still running when ``budget_s`` ends are absent (the caller's own
     deadline, no fault of theirs). A publisher that cannot be reached is tried
-    once more through ``fallback`` (a relay), in the time its fetch has left.
+    once more through ``fallback`` (a relay), in the time its fetch has left; one for
+    which ``relay_first`` says so (its last fetch needed the relay) goes there at once,
+    and is dialled directly only if the relay fails.
     """
     slots = asyncio.Semaphore(parallel)
 
@@ -190,6 +193,14 @@ async def fetch_many(
         async with slots:
             limit = min(cap_s, pace.budget_s(size))
             end = asyncio.get_running_loop().time() + limit
+            if fallback is not None and relay_first(peer_id):
+                relayed = await _bounded(fallback(peer_id, digest, size, limit), limit)
+                if isinstance(relayed, bytes):
+                    return relayed
+                limit = end - asyncio.get_running_loop().time()
+                if limit <= 0:
+                    return relayed
+                return await _bounded(fetch_one(p2p, peer_id, handler, digest, size, chunk_bytes, pace), limit)
             result = await _bounded(fetch_one(p2p, peer_id, handler, digest, size, chunk_bytes, pace), limit)
             left = end - asyncio.get_running_loop().time()
             if fallback is None or not isinstance(result, FetchError) or result.kind is not FetchFailure.UNREACHABLE:

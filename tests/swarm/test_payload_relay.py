@@ -199,3 +199,23 @@ def test_a_failed_fallback_keeps_the_direct_failure() -> None:
 
     result = asyncio.run(run())
     assert isinstance(result, FetchError) and result.kind is FetchFailure.UNREACHABLE
+
+
+def test_a_publisher_that_needed_the_relay_goes_to_it_first_and_is_dialled_only_if_it_fails() -> None:
+    async def run(relay_ok: bool) -> tuple[bytes | FetchError, list[tuple[str, str]]]:
+        net = _Net()
+
+        async def fallback(peer: str, digest: str, size: int, left: float) -> bytes:
+            if not relay_ok:
+                raise FetchError(FetchFailure.CLOSED, "relay gave up")
+            return PAYLOAD
+
+        wanted = [(C.peer_id, DIGEST, len(PAYLOAD))]
+        got = await fetch_many(net, "h", wanted, budget_s=2.0, parallel=1, chunk_bytes=4096, pace=QUICK,
+                               fallback=fallback, relay_first=lambda p: p == C.peer_id)  # fmt: skip
+        return got[(C.peer_id, DIGEST)], net.opened
+
+    got, opened = asyncio.run(run(relay_ok=True))
+    assert got == PAYLOAD and opened == []  # no direct dial waited out
+    got, opened = asyncio.run(run(relay_ok=False))
+    assert isinstance(got, FetchError) and opened == [(C.peer_id, "h")]  # then the direct dial, once
