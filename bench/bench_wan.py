@@ -29,6 +29,7 @@ import json
 import shlex
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -224,6 +225,48 @@ def run_scenario(sc: Scenario, seconds: float, extra: list[str], keep: Path | No
     return out
 
 
+PROBE = r"""
+import socket, sys, time
+mode, host, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
+if mode == "serve":
+    srv = socket.create_server((host, 5001)); conn, _ = srv.accept()
+    while True:
+        data = conn.recv(1 << 16)
+        if not data: break
+        if data == b"p": conn.sendall(b"p")
+    sys.exit(0)
+conn = socket.create_connection((host, 5001)); conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rtts = []
+for _ in range(21):
+    t = time.perf_counter(); conn.sendall(b"p"); conn.recv(1); rtts.append(1000 * (time.perf_counter() - t))
+buf, sent, t = b"x" * 65536, 0, time.perf_counter()
+while time.perf_counter() - t < secs:
+    conn.sendall(buf); sent += len(buf)
+conn.close()
+print(sorted(rtts)[10], sent / (time.perf_counter() - t) / 1e6)
+"""
+
+
+def link_overhead(shapes: dict[str, LinkShape | None], seconds: float = 5.0) -> dict[str, dict[str, float]]:
+    """RTT (median of 21 pings on one TCP connection) and one stream's throughput between two public hosts,
+    for each link shape: ``None`` is a plain veth, a zero shape is the emulator's own cost."""
+    out: dict[str, dict[str, float]] = {}
+    for name, shape in shapes.items():
+        with wanbed.Wan(2, [], shape=shape) as bed:
+            a, b = bed.hosts
+            server = subprocess.Popen([*bed.prefix(b), PYTHON, "-c", PROBE, "serve", b.ip, "0"])
+            try:
+                time.sleep(0.5)
+                done = subprocess.run([*bed.prefix(a), PYTHON, "-c", PROBE, "send", b.ip, str(seconds)],
+                                      capture_output=True, text=True, timeout=seconds + 30, check=True)  # fmt: skip
+            finally:
+                server.wait(timeout=10)
+            rtt, mbps = map(float, done.stdout.split())
+            out[name] = {"rtt_ms": round(rtt, 2), "MB_per_s": round(mbps, 1)}
+            print(f"{name:<24} rtt {rtt:7.2f} ms  {mbps:7.1f} MB/s", flush=True)
+    return out
+
+
 def print_table(result: dict[str, Any]) -> None:
     print(f"\n== {result['scenario']}: start {result['start_s']} s, load {' '.join(result['load'])}, "
           f"revisions {result['revisions']}, forked {result['revisions_with_two_states']}")  # fmt: skip
@@ -250,17 +293,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-args", default="--sync-every 2", help="flags added to every node")
     parser.add_argument("--json", type=Path, default=None, help="write every scenario's result here")
     parser.add_argument("--keep", type=Path, default=None, help="leave the nodes' logs under this folder")
+    parser.add_argument("--links", action="store_true", help="measure the link emulator's own cost first")
     args = parser.parse_args(argv)
     why = wanbed.unavailable()
     if why is not None:
         print(f"bench_wan: {why}")
         return 2
     table = scenarios(args)
-    chosen = args.scenario or ["flat", "nat"]
+    chosen = args.scenario or ([] if args.links else ["flat", "nat"])
     unknown = [s for s in chosen if s not in table]
     if unknown:
         parser.error(f"unknown scenario {unknown[0]}; choose from {', '.join(table)}")
-    results = []
+    results: list[dict[str, Any]] = []
+    if args.links:
+        shape = LinkShape(args.delay_ms, args.jitter_ms, args.loss)
+        shapes = {"veth": None, "emulator, no delay": LinkShape(), f"emulator {shape.delay_ms:g} ms": shape}
+        results.append({"scenario": "links", "links": link_overhead(shapes)})
+        chosen = args.scenario or []
     for name in chosen:
         result = run_scenario(table[name], args.seconds, shlex.split(args.node_args), args.keep)
         print_table(result)

@@ -327,7 +327,10 @@ class MembershipConfig:
     )
     use_auto_relay: bool = field(
         default=False,
-        metadata={"help": "find a relay to be reachable through (behind NAT)"},
+        metadata={
+            "help": "look for a relay to be reachable through even with a public address (a node that listens "
+            "only on private addresses and joins through peers does so anyway)"
+        },
     )
     address_book: bool = field(
         default=True,

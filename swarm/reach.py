@@ -8,9 +8,9 @@ IP address the asking connection comes from** (never an address the asker names,
 these dials at a third machine) and answers whether it connected, with the IP it saw.
 
 The server is bounded against a peer with many keys: at most :data:`MAX_DIALS_AT_ONCE` dial-backs at
-once (others are refused at once), one per asking IP every :data:`PER_IP_S` seconds (a key is free, an
-IP is not), each dial at most :data:`DIAL_TIMEOUT_S`. Requests and answers are a few bytes of fixed
-layout, read with a deadline.
+once (others are refused at once), :data:`PER_IP_DIALS` per asking IP every :data:`PER_IP_S` seconds (a
+key is free, an IP is not; a few, because the nodes of one home share their router's IP), each dial at
+most :data:`DIAL_TIMEOUT_S`. Requests and answers are a few bytes of fixed layout, read with a deadline.
 
 :func:`verdict` turns the answers into a :class:`Reachability` by majority, so one lying peer among
 three cannot flip it (answers from peers that saw this node at a public address outvote those that saw
@@ -42,6 +42,7 @@ DIAL_TIMEOUT_S = 3.0
 READ_TIMEOUT_S = 5.0
 MAX_DIALS_AT_ONCE = 4
 PER_IP_S = 30.0
+PER_IP_DIALS = 4
 REMEMBERED_IPS = 4096  # asking IPs remembered for the per-IP rate (oldest forgotten)
 
 
@@ -194,19 +195,20 @@ class DialBackServer:
         self._now = now
         self._dial = dial
         self._busy = 0
-        self._last: OrderedDict[str, float] = OrderedDict()
+        self._last: OrderedDict[str, list[float]] = OrderedDict()  # asking IP -> its dials within PER_IP_S
         self.served = 0
         self.refused = 0
 
     def admit(self, ip: str | None) -> bool:
-        """Whether to dial ``ip`` now (taking its slot): an IP, a free slot, and not asked for within PER_IP_S."""
+        """Whether to dial ``ip`` now (taking its slot): an IP, a free slot, and fewer than PER_IP_DIALS dials
+        to it within PER_IP_S."""
         if ip is None or self._busy >= MAX_DIALS_AT_ONCE:
             return False
         now = self._now()
-        last = self._last.get(ip)
-        if last is not None and now - last < PER_IP_S:
+        recent = [t for t in self._last.get(ip, []) if now - t < PER_IP_S]
+        if len(recent) >= PER_IP_DIALS:
             return False
-        self._last[ip] = now
+        self._last[ip] = [*recent, now]
         self._last.move_to_end(ip)
         while len(self._last) > REMEMBERED_IPS:
             self._last.popitem(last=False)

@@ -30,8 +30,8 @@ def test_the_verdict_is_the_majority_of_the_peers_that_dialled() -> None:
 def test_the_server_dials_each_asking_ip_at_most_once_per_period_and_never_more_than_its_slots() -> None:
     now = [0.0]
     server = DialBackServer(lambda: now[0])
-    assert server.admit("203.0.114.100")
-    assert not server.admit("203.0.114.100")  # a second key from the same IP gets nothing more
+    assert all(server.admit("203.0.114.100") for _ in range(reach.PER_IP_DIALS))  # a home of a few nodes
+    assert not server.admit("203.0.114.100")  # more keys from the same IP get nothing more
     now[0] += reach.PER_IP_S
     assert server.admit("203.0.114.100")
     assert not server.admit(None)  # a relayed or unparsable connection: no IP to dial
@@ -71,11 +71,13 @@ def test_a_real_dial_back_finds_a_listener_and_misses_a_closed_port_at_the_conne
     server = DialBackServer(lambda: now[0], dial=spy)
     try:
         up = asyncio.run(_ask_loopback(server, open_port, "/ip4/127.0.0.1/tcp/5555"))
-        now[0] += reach.PER_IP_S
         down = asyncio.run(_ask_loopback(server, closed_port, "/ip4/127.0.0.1/tcp/5555"))
+        for _ in range(reach.PER_IP_DIALS - 2):
+            asyncio.run(_ask_loopback(server, open_port, "/ip4/127.0.0.1/tcp/5555"))
         refused = asyncio.run(_ask_loopback(server, open_port, "/ip4/127.0.0.1/tcp/5555"))
     finally:
         listener.close()
     assert up == DialBack(UP, "127.0.0.1") and down == DialBack(DOWN, "127.0.0.1")
-    assert refused == DialBack(NO, "127.0.0.1")  # asked again within the period
-    assert dialled == [("127.0.0.1", open_port), ("127.0.0.1", closed_port)]  # only the connection's own IP
+    assert refused == DialBack(NO, "127.0.0.1")  # asked too often within the period
+    assert dialled[:2] == [("127.0.0.1", open_port), ("127.0.0.1", closed_port)]  # only the connection's own IP
+    assert len(dialled) == reach.PER_IP_DIALS
