@@ -425,11 +425,13 @@ class SimNet:
         self.note(f"partition {[sorted(g) for g in groups]}")
 
     def heal(self) -> None:
-        """One group again; every replica takes the records of the others (the later expiry wins)."""
+        """One group again (a crashed member's too: its next process starts in it); every live replica takes
+        the records of the others (the later expiry wins)."""
         live = [m for m in self.members.values() if not m.crashed]
         merged: dict[str, dict[str, tuple[bytes, float]]] = {}
-        for m in live:
+        for m in self.members.values():
             m.group = 0
+        for m in live:
             _merge_into(merged, m.replica)
         for m in live:
             m.replica = {k: dict(v) for k, v in merged.items()}

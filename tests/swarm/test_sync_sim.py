@@ -409,3 +409,36 @@ def test_a_member_restarted_after_its_vote_resumes_from_its_checkpoint_and_journ
     assert any(r.caught_up for r in after) and after[-1].committed and after[-1].group_size == 3, after
     assert all(len(h) == 1 for h in _histories([a, b, c]).values())  # never a second state at one revision
     assert wall < 2 * WALL_S
+
+
+def test_a_lagging_replica_takes_stores_late_and_out_of_order_but_never_back_to_an_older_value() -> None:
+    """What the campaign's replica-lag fault does to one replica: a's stores reach b's replica up to a second
+    late, each after its own delay (so not in the order stored), while a's own replica has them at once; of
+    two stores of one subkey, the later-expiring one stays, whichever lands last."""
+    loop = VirtualLoop()
+    subkeys = [f"s{i}" for i in range(8)]
+
+    async def main() -> list[str]:
+        net = SimNet(loop, seed=1)
+        net.add("a")
+        net.add("b")
+        net.set_replica_lag("b", 1.0)
+        for sk in subkeys:
+            net.put("a", "k", sk, b"old", 60.0)
+        await asyncio.sleep(0.05)
+        for sk in subkeys:  # each lands after its own delay too: some before the old value of its subkey
+            net.put("a", "k", sk, b"new", 60.0)
+        assert set(net.read("a", "k")) == set(subkeys) and net.read("b", "k") == {}
+        landed: list[str] = []
+        while len(landed) < len(subkeys):
+            await asyncio.sleep(0.01)
+            landed += [sk for sk in net.read("b", "k") if sk not in landed]
+        await asyncio.sleep(1.0)
+        assert all(v == b"new" for v in net.read("b", "k").values()), net.read("b", "k")
+        return landed
+
+    try:
+        landed = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert sorted(landed) == subkeys and landed != subkeys, landed  # all of them, not in the order stored
