@@ -209,20 +209,16 @@ def _trusts_no_live_peer(s: Scenario, members: dict[str, Member], m: Member) -> 
 
 
 def _losing_histories(s: Scenario, members: dict[str, Member]) -> set[str]:
-    """Members that, when a partition healed, held a history other than the one most live members held."""
-    out: set[str] = set()
-    for heal in (f.at + f.span for f in s.faults if f.kind is Kind.PARTITION):
-        held = {n: _origin_at(m, heal) for n, m in members.items() if n not in s.crashed()}
-        counts = collections.Counter(o for o in held.values() if o)
-        if len(counts) > 1:  # most live peers win, then the smaller origin (swarm.sync.merge.decide_merge)
-            winner = min(counts, key=lambda o: (-counts[o], o))
-            out |= {n for n, o in held.items() if o and o != winner}
-    return out
-
-
-def _origin_at(m: Member, t: float) -> str:
-    """The history ``m``'s last report before virtual time ``t`` names ("" if none yet)."""
-    return next((r.origin for r in reversed(m.reports) if r.time - EPOCH <= t), "")
+    """After a partition, members of a history that loses the merge (swarm.sync.merge): those that merged,
+    and those whose last report names a history other than the one most live members end on."""
+    if not s.partitioned():
+        return set()
+    live = {n: m for n, m in members.items() if n not in s.crashed() and m.reports}
+    last = {n: m.reports[-1].origin for n, m in live.items()}
+    counts = collections.Counter(o for o in last.values() if o)
+    winner = min(counts, key=lambda o: (-counts[o], o)) if counts else ""
+    merged = {n for n, m in live.items() if any(r.merged for r in m.reports)}
+    return merged | {n for n, o in last.items() if o and o != winner}
 
 
 def _rounds(members: dict[str, Member]) -> dict[str, list[tuple[Member, int]]]:
@@ -274,12 +270,14 @@ def _unrepaired(s: Scenario, members: dict[str, Member]) -> list[str]:
 
 
 def _not_resumed(s: Scenario, members: dict[str, Member]) -> list[str]:
-    """Restarted processes that never synced, though the run left them two periods to."""
+    """Restarted processes that never synced, though they ran two periods (before the run or a crash ended them)."""
     out = []
     for m in members.values():
         for k, restart in enumerate(m.restarts):
             until = m.restarts[k + 1].reports if k + 1 < len(m.restarts) else len(m.reports)
-            if restart.at < RUN_S - 2 * PERIOD_S and until == restart.reports and m.name not in s.crashed():
+            kills = [f.at for f in s.faults if s.names[f.target] == m.name and f.kind in (Kind.CRASH, Kind.RESTART)]
+            ends = min([t for t in kills if t > restart.at] + [RUN_S])
+            if ends - restart.at >= 2 * PERIOD_S and until == restart.reports:
                 out.append(f"{m.name} restarted at t={restart.at:.2f} and never synced")
     return out
 
