@@ -23,6 +23,7 @@ import signal
 import subprocess
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import Self
 
 PREFIX = "snb"
 SUBNET = "10.99.0"
@@ -78,18 +79,67 @@ def sweep_stale(prefix: str = PREFIX) -> list[str]:
     return gone
 
 
-class Links:
+class NamespaceOwner:
+    """Namespaces named ``<prefix><pid>-<role>`` that go when this object closes: on ``close``, leaving a
+    ``with`` block, at exit, and on SIGTERM, SIGINT or SIGHUP; those of earlier owners that were killed are
+    swept when a new one starts."""
+
+    name_prefix = PREFIX
+
+    def __init__(self) -> None:
+        self.made: list[str] = []
+        self._previous: dict[int, object] = {}
+        sweep_stale(self.name_prefix)
+        atexit.register(self.close)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def _ns(self, role: str) -> str:
+        return f"{self.name_prefix}{os.getpid()}-{role}"
+
+    def _add_namespace(self, name: str) -> None:
+        _run("ip", "netns", "add", name)
+        self.made.append(name)
+        _run("ip", "-n", name, "link", "set", "lo", "up")
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.close()
+        previous = self._previous.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+        raise SystemExit(128 + signum)
+
+    def _release(self) -> None:
+        """What a subclass stops before its namespaces go (processes running inside them)."""
+
+    def close(self) -> None:
+        """Delete every namespace this object made (their veths, queues and rules go with them). Safe to call
+        again."""
+        self._release()
+        while self.made:
+            name = self.made.pop()
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30, check=False)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)  # type: ignore[arg-type]
+        self._previous.clear()
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class Links(NamespaceOwner):
     """``peers`` namespaces, each linked to one bridge at ``rate_mbit`` each way (None: unshaped veths)."""
 
     def __init__(self, peers: int, rate_mbit: float | None) -> None:
         self.peers = peers
         self.rate_mbit = rate_mbit
-        self.made: list[str] = []
-        self._previous: dict[int, object] = {}
-        sweep_stale()
-        atexit.register(self.close)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            self._previous[sig] = signal.signal(sig, self._on_signal)
+        super().__init__()
         try:
             self._build()
         except BaseException:
@@ -97,7 +147,7 @@ class Links:
             raise
 
     def namespace(self, i: int) -> str:
-        return f"{PREFIX}{os.getpid()}-p{i}"
+        return self._ns(f"p{i}")
 
     def host(self, i: int) -> str:
         """Peer i's address, reachable from every other peer's namespace."""
@@ -107,13 +157,8 @@ class Links:
         """What to put before a command so that it runs inside peer i's namespace (``ip`` execs it: same pid)."""
         return ["ip", "netns", "exec", self.namespace(i)]
 
-    def _add_namespace(self, name: str) -> None:
-        _run("ip", "netns", "add", name)
-        self.made.append(name)
-        _run("ip", "-n", name, "link", "set", "lo", "up")
-
     def _build(self) -> None:
-        switch = f"{PREFIX}{os.getpid()}-sw"
+        switch = self._ns("sw")
         self._add_namespace(switch)
         _run("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
         _run("ip", "-n", switch, "link", "set", "br0", "up")
@@ -130,28 +175,3 @@ class Links:
                     rate = f"{self.rate_mbit:g}mbit"
                     _run("tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
                          "burst", BURST, "latency", LATENCY)  # fmt: skip
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.close()
-        previous = self._previous.get(signum)
-        if callable(previous):
-            previous(signum, frame)
-        raise SystemExit(128 + signum)
-
-    def close(self) -> None:
-        """Delete every namespace this object made (their veths and queues go with them). Safe to call again."""
-        while self.made:
-            name = self.made.pop()
-            subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30, check=False)
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)  # type: ignore[arg-type]
-        self._previous.clear()
-        atexit.unregister(self.close)
-
-    def __enter__(self) -> Links:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

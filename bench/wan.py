@@ -27,7 +27,6 @@ nftables and ethtool (``make wan-deps`` installs the last two from Debian's pack
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import os
 import shutil
@@ -37,10 +36,9 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType, TracebackType
 
 from bench.linkemu import LinkShape, LinkSpec, dump_specs
-from bench.links import LinkError, sweep_stale
+from bench.links import LinkError, NamespaceOwner
 from bench.links import _run as run
 from bench.links import unavailable as links_unavailable
 
@@ -84,8 +82,10 @@ def _die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-class Wan:
+class Wan(NamespaceOwner):
     """Public hosts and NATed homes on one emulated internet; see the module's docstring."""
+
+    name_prefix = PREFIX
 
     def __init__(
         self,
@@ -99,17 +99,12 @@ class Wan:
         if public < 0 or any(n < 1 for n in homes) or public + len(homes) == 0:
             raise ValueError("a testbed needs at least one host, and every home at least one peer")
         self.shape, self.rate_mbit, self.nat_idle_s, self.seed = shape, rate_mbit, nat_idle_s, seed
-        self.made: list[str] = []
         self.hosts: list[Host] = []
         self.routers: list[str] = []
         self._links: list[LinkSpec] = []
         self._emulator: subprocess.Popen[bytes] | None = None
         self._dir = Path(tempfile.mkdtemp(prefix="snw-"))
-        self._previous: dict[int, object] = {}
-        sweep_stale(PREFIX)
-        atexit.register(self.close)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            self._previous[sig] = signal.signal(sig, self._on_signal)
+        super().__init__()
         try:
             self._build(public, homes)
         except BaseException:
@@ -117,9 +112,6 @@ class Wan:
             raise
 
     # --- naming ---------------------------------------------------------------------------------
-
-    def _ns(self, role: str) -> str:
-        return f"{PREFIX}{os.getpid()}-{role}"
 
     def _dev(self, tag: str) -> str:
         name = f"w{os.getpid() % 100000}{tag}"
@@ -143,11 +135,6 @@ class Wan:
         return self._ns("inet")
 
     # --- building -------------------------------------------------------------------------------
-
-    def _add_namespace(self, name: str) -> None:
-        run("ip", "netns", "add", name)
-        self.made.append(name)
-        run("ip", "-n", name, "link", "set", "lo", "up")
 
     def _veth(self, ns_a: str, dev_a: str, ns_b: str, dev_b: str) -> None:
         run("ip", "link", "add", dev_a, "netns", ns_a, "type", "veth", "peer", "name", dev_b, "netns", ns_b)
@@ -257,15 +244,8 @@ class Wan:
 
     # --- cleaning up ----------------------------------------------------------------------------
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.close()
-        previous = self._previous.get(signum)
-        if callable(previous):
-            previous(signum, frame)
-        raise SystemExit(128 + signum)
-
-    def close(self) -> None:
-        """Stop the emulator and delete every namespace this object made. Safe to call again."""
+    def _release(self) -> None:
+        """Stop the emulator before the namespaces go (it runs inside one)."""
         if self._emulator is not None:
             self._emulator.terminate()
             try:
@@ -274,19 +254,4 @@ class Wan:
                 self._emulator.kill()
                 self._emulator.wait(timeout=5)
             self._emulator = None
-        while self.made:
-            name = self.made.pop()
-            subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30, check=False)
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)  # type: ignore[arg-type]
-        self._previous.clear()
         shutil.rmtree(self._dir, ignore_errors=True)
-        atexit.unregister(self.close)
-
-    def __enter__(self) -> Wan:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
