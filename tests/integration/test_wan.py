@@ -12,6 +12,9 @@ ethtool are not available (``make wan-deps``).
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ import pytest
 from bench import bench_wan
 from bench import wan as wanbed
 from bench.linkemu import LinkShape
-from tests.procs import Procs, poll_until
+from tests.procs import Procs, pid_alive, poll_until
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -74,3 +77,32 @@ def test_two_homes_behind_nat_learn_from_each_other_through_the_public_peer(tmp_
             assert run.exit_code == 0 and run.exit_s is not None and run.exit_s <= 30.0, (run.host.name, run.exit_s)
             assert "Traceback" not in (run.log_dir / "node.log").read_text(), run.host.name
         print(json.dumps({r.host.name: r.exit_s for r in runs}), f"left in {time.monotonic() - t0:.1f} s")
+
+
+def test_a_testbed_killed_with_sigkill_leaves_nothing_once_the_next_one_starts(tmp_path: Path) -> None:
+    """SIGKILL runs no clean-up: the emulator dies with its maker, and the next testbed deletes the namespaces."""
+    why = wanbed.unavailable()
+    if why is not None:
+        pytest.skip(why)
+    ready = tmp_path / "ready"
+    code = (
+        "import sys, time; sys.path.insert(0, '.'); from bench import wan; from bench.linkemu import LinkShape\n"
+        f"w = wan.Wan(1, [1], shape=LinkShape(1.0)); open({str(ready)!r}, 'w').write(str(w._emulator.pid))\n"
+        "time.sleep(60)\n"
+    )
+    with Procs(tmp_path) as procs:
+        maker = procs.start("maker", [sys.executable, "-c", code])
+        assert poll_until(lambda: ready.exists() or None, 60), maker.log_tail()
+        emulator = int(ready.read_text())
+        mine = f"{wanbed.PREFIX}{maker.popen.pid}-"
+        maker.send(signal.SIGKILL)
+        maker.wait(10)
+        assert poll_until(lambda: not pid_alive(emulator) or None, 10), "the emulator outlived its maker"
+        assert any(n.startswith(mine) for n in _namespaces())
+        with wanbed.Wan(1, []):
+            assert not any(n.startswith(mine) for n in _namespaces())
+
+
+def _namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
