@@ -207,7 +207,29 @@ def _line_after(text: str, marker: str) -> str:
     return ""
 
 
-def run_scenario(sc: Scenario, seconds: float, extra: list[str], keep: Path | None) -> dict[str, Any]:
+def after_kill(runs: list[NodeRun], victim: NodeRun, killed_at: float) -> dict[str, Any]:
+    """Per surviving NATed node: how soon after ``victim`` died it fetched a batch of another home again, and
+    its rate of those batches per minute after that (the unix time ``killed_at``)."""
+    homes = {r.ready.get("peer", "")[-6:]: r.host.home for r in runs if r.host.home is not None}
+    out: dict[str, Any] = {}
+    for run in runs:
+        if run is victim or run.host.home is None:
+            continue
+        later = [e for e in events(run) if e.get("event") == "round" and e["time"] > killed_at]
+        others = [(e["time"], sum(n for p, n in (e.get("batches_from") or {}).items()
+                                  if homes.get(p[-6:]) not in (None, run.host.home))) for e in later]  # fmt: skip
+        first = next((t for t, n in others if n > 0), None)
+        span = later[-1]["time"] - killed_at if later else 0.0
+        out[run.host.name] = {
+            "first_other_home_batch_s": None if first is None else round(first - killed_at, 1),
+            "other_home_batches_per_min": round(60 * sum(n for _, n in others) / span, 1) if span > 0 else 0.0,
+        }
+    return out
+
+
+def run_scenario(
+    sc: Scenario, seconds: float, extra: list[str], keep: Path | None, kill_at: float | None = None
+) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"wan-{sc.name}-", dir=keep))
     homes = sc.homes if sc.nat else []
     public = sc.public if sc.nat else sc.public + sum(sc.homes)
@@ -215,9 +237,20 @@ def run_scenario(sc: Scenario, seconds: float, extra: list[str], keep: Path | No
         t0 = time.monotonic()
         runs = start_nodes(bed, procs, root, extra)
         started = time.monotonic() - t0
-        time.sleep(seconds)  # the nodes run on their own; this bench only watches the clock
-        stop_nodes(runs)
+        killed: dict[str, Any] | None = None
+        if kill_at is not None:  # the bootstrap, every NATed node's first relay, dies without a word
+            time.sleep(kill_at)
+            killed_at = time.time()
+            runs[0].proc.kill()
+            time.sleep(max(0.0, seconds - kill_at))
+            stop_nodes(runs[1:])
+            killed = after_kill(runs, runs[0], killed_at)
+            runs = runs[1:]
+        else:
+            time.sleep(seconds)  # the nodes run on their own; this bench only watches the clock
+            stop_nodes(runs)
         out = summarize(runs, seconds)
+        out["after_relay_killed"] = killed
         out["scenario"] = sc.name
         out["start_s"] = round(started, 1)
         out["emulator"] = json.loads(bed.stats_path.read_text()) if bed.stats_path.exists() else None
@@ -294,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write every scenario's result here")
     parser.add_argument("--keep", type=Path, default=None, help="leave the nodes' logs under this folder")
     parser.add_argument("--links", action="store_true", help="measure the link emulator's own cost first")
+    parser.add_argument("--kill-relay-at", type=float, default=None, help="SIGKILL the bootstrap after S seconds")
     args = parser.parse_args(argv)
     why = wanbed.unavailable()
     if why is not None:
@@ -311,8 +345,10 @@ def main(argv: list[str] | None = None) -> int:
         results.append({"scenario": "links", "links": link_overhead(shapes)})
         chosen = args.scenario or []
     for name in chosen:
-        result = run_scenario(table[name], args.seconds, shlex.split(args.node_args), args.keep)
+        result = run_scenario(table[name], args.seconds, shlex.split(args.node_args), args.keep, args.kill_relay_at)
         print_table(result)
+        if result.get("after_relay_killed"):
+            print(f"after the bootstrap was killed: {json.dumps(result['after_relay_killed'])}")
         results.append(result)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
