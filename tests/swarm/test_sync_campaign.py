@@ -49,8 +49,8 @@ left, gathers alone for a window while they commit the next, and no window waits
 SETTLE_S = 8.0
 """Virtual seconds after the last fault ends within which live, connected members commit again."""
 FAST_SEEDS = 400
-"""Seeds the fast tier runs: ~0.1 s each on one CPU (the simulation takes one: tests/simnet.py), so about
-40 s on an idle 2-core machine, a minute at a load of 2 to 3."""
+"""Seeds the fast tier runs: ~0.1 s each on one CPU (the simulation takes one: tests/simnet.py) at a load
+of ~1, so ~45 s; a machine loaded to 13 took 193 s."""
 SLOW_SEEDS = 1600
 """Seeds the slow tier runs after those: 2,000 scenarios in all."""
 LOSS = 0.2
