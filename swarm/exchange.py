@@ -587,6 +587,7 @@ class RolloutExchange:
         accepted: list[tuple[Descriptor, RolloutBatch]] = []
         for desc in chosen:
             result = results.get((desc.publisher, desc.payload_digest))
+            relayed = self._take_relayed(desc)
             if not isinstance(result, bytes):
                 reason = COLLECT_DEADLINE if result is None else result.reason
                 failed.append((desc.publisher, reason))
@@ -607,14 +608,25 @@ class RolloutExchange:
                 continue
             self._count(fetch_ok=1)
             self._settle(desc, now, None, credit=True)
-            with self._lock:
-                if (desc.publisher, desc.payload_digest) not in self._relayed:
-                    self._reached[desc.publisher] = None
-                    self._reached.move_to_end(desc.publisher)
-                    while len(self._reached) > REMEMBERED_RELAYS:
-                        self._reached.popitem(last=False)
-                self._relayed.discard((desc.publisher, desc.payload_digest))
+            if not relayed:
+                self._remember_reached(desc.publisher)
         return accepted
+
+    def _take_relayed(self, desc: Descriptor) -> bool:
+        """Whether ``desc``'s payload came through a relay (forgotten now, whatever its verification says)."""
+        key = (desc.publisher, desc.payload_digest)
+        with self._lock:
+            relayed = key in self._relayed
+            self._relayed.discard(key)
+        return relayed
+
+    def _remember_reached(self, publisher: str) -> None:
+        """``publisher`` answered a direct fetch: it can relay to the publishers this node cannot dial."""
+        with self._lock:
+            self._reached[publisher] = None
+            self._reached.move_to_end(publisher)
+            while len(self._reached) > REMEMBERED_RELAYS:
+                self._reached.popitem(last=False)
 
     def _settle(self, desc: Descriptor, now: float, offence: Offence | None, *, credit: bool) -> None:
         """Remember ``desc``'s digest for good; penalise its publisher for ``offence`` or credit the delivery."""

@@ -67,6 +67,7 @@ def classify_start_error(message: str) -> str | None:
     return None
 
 
+_PATCHING = threading.Lock()
 RELAY_LIMITS: dict[str, int | str] = {
     "relayMaxReservations": 32,  # peers behind NAT that may hold a slot on this node at once
     "relayMaxCircuits": 4,  # relayed connections per peer at once
@@ -84,22 +85,24 @@ def relay_limits(flags: dict[str, int | str]) -> Iterator[None]:
     """Add ``flags`` to the p2pd command line of a DHT started inside this block.
 
     hivemind's P2P passes no relay limits to its daemon and takes none; the DHT process is forked from
-    this one, so it inherits the wrapped argument builder as it is when it starts.
+    this one, so it inherits the wrapped argument builder as it is when it starts. One block at a time in
+    a process: two DHTs started at once from two threads would otherwise restore each other's builder.
     """
-    original = P2P._make_process_args
     if not flags:
         yield
         return
+    with _PATCHING:
+        original = P2P._make_process_args
 
-    def with_limits(*args: Any, **kwargs: Any) -> list[str]:
-        built: list[str] = original(*args, **{**kwargs, **flags})
-        return built
+        def with_limits(*args: Any, **kwargs: Any) -> list[str]:
+            built: list[str] = original(*args, **{**kwargs, **flags})
+            return built
 
-    P2P._make_process_args = staticmethod(with_limits)
-    try:
-        yield
-    finally:
-        P2P._make_process_args = staticmethod(original)
+        P2P._make_process_args = staticmethod(with_limits)
+        try:
+            yield
+        finally:
+            P2P._make_process_args = staticmethod(original)
 
 
 class Membership:
@@ -302,7 +305,13 @@ class Membership:
         (a relayed address appears once a relay reserved a slot)."""
         if self.dht is None:
             return []
-        return [str(m) for m in self.dht.get_visible_maddrs(latest=latest)]
+        if latest and self._p2p is not None:  # the replica asks the daemon on our loop, within a bound
+            try:
+                found = self.run(self._p2p.get_visible_maddrs(latest=True), self.cfg.shutdown_timeout_s)
+                return [str(m) for m in found]
+            except Exception as e:  # the daemon is slow or gone: the addresses known at start
+                logger.debug("[%s] addresses not refreshed: %s", self.peer_id[-6:], type(e).__name__)
+        return [str(m) for m in self.dht.get_visible_maddrs()]
 
     def run(self, coro: Any, timeout: float) -> Any:
         """Run a coroutine on this node's P2P loop with a timeout."""
