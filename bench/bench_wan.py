@@ -189,6 +189,8 @@ def summarize(runs: list[NodeRun], seconds: float) -> dict[str, Any]:
             "fetched_via_relay": max((int(r.get("fetched_via_relay") or 0) for r in rounds), default=0),
             "fetch_failed": sum(int(r.get("fetch_failed") or 0) for r in rounds),
             "sync_attempts": len(syncs),
+            "sync_ends": dict(Counter(str(s.get("cause") or s.get("reason")) for s in syncs if not s.get("committed"))),
+            "sync_phase_s_median": _median_phases(syncs),
             "commits": len(commits),
             "commits_per_h": round(3600 * len(commits) / seconds, 1),
             "exit_s": None if run.exit_s is None else round(run.exit_s, 1),
@@ -197,6 +199,15 @@ def summarize(runs: list[NodeRun], seconds: float) -> dict[str, Any]:
         }
     forks = sum(1 for hashes in states.values() if len(hashes) > 1)
     return {"nodes": nodes, "revisions": len(states), "revisions_with_two_states": forks}
+
+
+def _median_phases(syncs: list[dict[str, Any]]) -> dict[str, float]:
+    """Median seconds per phase over the syncs that reached it: where a slow sync spends its time."""
+    seen: dict[str, list[float]] = defaultdict(list)
+    for s in syncs:
+        for phase, secs in (s.get("phases") or {}).items():
+            seen[phase].append(float(secs))
+    return {phase: round(statistics.median(v), 2) for phase, v in seen.items()}
 
 
 def _line_after(text: str, marker: str) -> str:
@@ -314,6 +325,9 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"          join: {n['join_hint']}")
         for note in n["note"]:
             print(f"          {note.strip()[:160]}")
+        if n["sync_ends"]:
+            ends = ", ".join(f"{k} {v}" for k, v in sorted(n["sync_ends"].items(), key=lambda kv: -kv[1]))
+            print(f"          not committed: {ends}; median phases {n['sync_phase_s_median']}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,7 +56,7 @@ def unavailable() -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie does not: its maker was killed and only waits to be reaped)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -73,7 +73,7 @@ def sweep_stale(prefix: str = PREFIX) -> list[str]:
     for line in _run("ip", "netns", "list").splitlines():
         name = line.split()[0] if line.strip() else ""
         match = pattern.match(name)
-        if match and not _alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             _run("ip", "netns", "delete", name)
             gone.append(name)
     return gone

@@ -38,11 +38,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.linkemu import LinkShape, LinkSpec, dump_specs
-from bench.links import LinkError, NamespaceOwner
+from bench.links import LinkError, NamespaceOwner, pid_alive
 from bench.links import _run as run
 from bench.links import unavailable as links_unavailable
 
 PREFIX = "snw"
+
+
+def sweep_stale_dirs(root: Path | None = None) -> list[Path]:
+    """Delete the scratch folders ``<tmp>/<PREFIX><pid>-...`` (link specs, router rules) of testbeds whose
+    maker is gone: a SIGKILLed testbed removes nothing itself."""
+    gone = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        pid = path.name[len(PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and path.is_dir() and not pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    return gone
+
+
 INTERNET = "203.0.114"
 BURST = "64kb"
 TBF_LATENCY = "100ms"
@@ -103,7 +117,8 @@ class Wan(NamespaceOwner):
         self.routers: list[str] = []
         self._links: list[LinkSpec] = []
         self._emulator: subprocess.Popen[bytes] | None = None
-        self._dir = Path(tempfile.mkdtemp(prefix="snw-"))
+        sweep_stale_dirs()
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
         super().__init__()
         try:
             self._build(public, homes)

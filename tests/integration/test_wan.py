@@ -15,6 +15,7 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -108,8 +109,11 @@ def test_a_testbed_killed_with_sigkill_leaves_nothing_once_the_next_one_starts(t
         maker.wait(10)
         assert poll_until(lambda: not pid_alive(emulator) or None, 10), "the emulator outlived its maker"
         assert any(n.startswith(mine) for n in _namespaces())
+        scratch = list(Path(tempfile.gettempdir()).glob(f"{mine}*"))
+        assert scratch, "the testbed's scratch folder is not named after its maker"
         with wanbed.Wan(1, []):
             assert not any(n.startswith(mine) for n in _namespaces())
+            assert not any(p.exists() for p in scratch), "a killed testbed's scratch folder was left in /tmp"
 
 
 def _namespaces() -> list[str]:
