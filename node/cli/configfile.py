@@ -1,7 +1,8 @@
 """TOML config files for ``start``, ``join`` and ``local``; the CLI flags are the one source of truth.
 
 Every key of the file is a long flag without its dashes (``max-threads = 2``
-is ``--max-threads 2``; ``_`` works as well as ``-``). The file only changes
+is ``--max-threads 2``; ``_`` works as well as ``-``); :mod:`node.core.optionfile`
+reads it, as it reads ``experiment``'s, and checks each value against its flag's kind. The file only changes
 the flags' defaults, so a flag given on the command line always wins. Nothing
 is read from the environment. ``swarm-node init`` writes a file listing every
 key, commented out, with its help and default.
@@ -11,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import tomllib
-from pathlib import Path
 from typing import Any
 
 from node.cli.errors import CliError
+from node.core.optionfile import FileKey, OptionFileError, load_option_file
 
 NODE_COMMANDS = ("start", "join", "local")
 NOT_IN_FILE = {"help", "config"}  # flags that make no sense in a file
@@ -40,48 +40,17 @@ def file_options(sub: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return out
 
 
-def read_toml(path: str) -> dict[str, Any]:
-    """Parse a TOML file; a missing or malformed file is a one-sentence CliError."""
-    try:
-        with open(Path(path).expanduser(), "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise CliError(f"config file {path} does not exist; create one with: swarm-node init {path}") from None
-    except IsADirectoryError:
-        raise CliError(f"config file {path} is a directory; pass a TOML file, e.g. {path}/swarm-node.toml") from None
-    except OSError as e:
-        raise CliError(f"config file {path} cannot be read ({e.strerror}); check its permissions") from None
-    except UnicodeDecodeError:
-        raise CliError(f"config file {path} is not UTF-8 text; save it as UTF-8 TOML") from None
-    except tomllib.TOMLDecodeError as e:
-        raise CliError(f"config file {path} is not valid TOML: {e}") from None
-
-
-def _coerce(key: str, value: Any, action: argparse.Action, path: str) -> Any:
-    """Check a file value against its flag's kind and convert it like the flag would."""
-    where = f"config file {path}: {key}"
-    if isinstance(value, dict):
-        raise CliError(f"{where} must be a single value, not a table")
+def _file_key(action: argparse.Action) -> FileKey:
+    """The kind of value a flag's key takes in a file (a switch's is true or false, a repeatable flag's a list)."""
     if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
-        if not isinstance(value, bool):
-            raise CliError(f"{where} = {value!r} must be true or false")
-        return value if isinstance(action, argparse._StoreTrueAction) else not value
+        return FileKey(action.dest, bool)
     if isinstance(action, argparse._AppendAction):
-        items = value if isinstance(value, list) else [value]
-        if not all(isinstance(v, str) for v in items):
-            raise CliError(f"{where} must be a string or a list of strings")
-        return list(items)
+        return FileKey(action.dest, str, many="repeat")
     if isinstance(action, argparse._CountAction) or action.type is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise CliError(f"{where} = {value!r} must be a whole number")
-        return value
+        return FileKey(action.dest, int)
     if action.type is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise CliError(f"{where} = {value!r} must be a number")
-        return float(value)
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise CliError(f"{where} = {value!r} must be a string")
-    return str(value)
+        return FileKey(action.dest, float)
+    return FileKey(action.dest, str, choices=tuple(action.choices or ()))
 
 
 def apply_config_file(parser: argparse.ArgumentParser, command: str, path: str) -> dict[str, list[str]]:
@@ -93,20 +62,25 @@ def apply_config_file(parser: argparse.ArgumentParser, command: str, path: str) 
     would append command-line values to a default list, so the caller uses
     these only when the command line gave none.
     """
-    data = read_toml(path)
-    known = {k: a for c in NODE_COMMANDS for k, a in file_options(subcommand_parser(parser, c)).items()}
+    known = {k for c in NODE_COMMANDS for k in file_options(subcommand_parser(parser, c))}
     mine = file_options(subcommand_parser(parser, command))
+    try:
+        values = load_option_file(
+            path, {k: _file_key(a) for k, a in mine.items()}, ignored=known - set(mine),
+            missing_hint=f"create one with: swarm-node init {path}",
+        )  # fmt: skip
+    except OptionFileError as e:
+        raise CliError(str(e)) from None
     defaults: dict[str, Any] = {}
     lists: dict[str, list[str]] = {}
-    for raw_key, value in data.items():
-        key = raw_key.replace("_", "-")
-        if key not in known:
-            valid = ", ".join(sorted(known))
-            raise CliError(f"config file {path}: unknown key {raw_key!r}; valid keys are: {valid}")
-        if key in mine:
-            action = mine[key]
-            target = lists if isinstance(action, argparse._AppendAction) else defaults
-            target[action.dest] = _coerce(raw_key, value, action, path)
+    for action in mine.values():
+        if action.dest not in values:
+            continue
+        value = values[action.dest]
+        if isinstance(action, argparse._AppendAction):
+            lists[action.dest] = value
+        else:  # a store_false switch's key says whether its flag is given, so true turns the option off
+            defaults[action.dest] = not value if isinstance(action, argparse._StoreFalseAction) else value
     subcommand_parser(parser, command).set_defaults(**defaults)
     return lists
 

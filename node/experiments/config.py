@@ -1,17 +1,17 @@
 """Configuration and command line of ``swarm-node experiment``.
 
-Flags, or a TOML/JSON file (``--config FILE``) whose keys are the fields of
-:class:`ExperimentConfig`; flags given explicitly override the file.
+Flags, or a TOML/JSON file (``--config FILE``, read by :mod:`node.core.optionfile` as a node's is) whose keys
+are the fields of :class:`ExperimentConfig`; flags given explicitly override the file.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from node.core.optionfile import FileKey, field_file_key, load_option_file
 from node.core.options import (
     EVAL,
     SYNC,
@@ -21,6 +21,7 @@ from node.core.options import (
     first_range_error,
     option,
     option_fields,
+    option_types,
     report_to_problem,
 )
 from node.core.pool import SAMPLING_POLICIES
@@ -225,29 +226,22 @@ class ExperimentConfig:
         return asdict(self)
 
 
-def load_config_file(path: Path) -> dict[str, Any]:
-    """Fields from a TOML (``.toml``) or JSON file; unknown keys are an error."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ValueError(f"cannot read --config {path}: {e.strerror}") from None
-    try:
-        if path.suffix == ".toml":
-            import tomllib  # Python >= 3.11
+def config_file_keys() -> dict[str, FileKey]:
+    """The keys an experiment's config file takes: each field's name, and a node option's flag spelling too
+    (``generations`` for ``num_generations``, as in a node's config file)."""
+    hints = option_types(ExperimentConfig)
+    keys: dict[str, FileKey] = {}
+    for f in option_fields(ExperimentConfig):
+        meta = f.metadata
+        key = field_file_key(f.name, hints[f.name], csv=meta["csv"], choices=tuple(meta["choices"]))
+        keys[f.name] = key
+        if meta["flag"]:
+            keys[meta["flag"][2:].replace("-", "_")] = key
+    return keys
 
-            data = tomllib.loads(text)
-        else:
-            data = json.loads(text)
-    except ImportError:
-        raise ValueError("TOML config files need Python 3.11+; use a .json file") from None
-    except ValueError as e:  # TOMLDecodeError and JSONDecodeError are ValueErrors
-        raise ValueError(f"--config {path} does not parse: {e}") from None
-    own = fields(ExperimentConfig)
-    by_key = {f.name: f.name for f in own}
-    by_key |= {f.metadata["flag"][2:].replace("-", "_"): f.name for f in own if f.metadata["flag"]}  # its spelling
-    unknown = sorted(set(data) - set(by_key))
-    if unknown:
-        raise ValueError(f"--config {path}: unknown keys {unknown}; known: {sorted(by_key)}")
-    lists = {f.name for f in own if f.metadata["csv"]}
-    values = {by_key[k]: v for k, v in data.items()}
-    return {k: tuple(v) if k in lists and isinstance(v, list) else v for k, v in values.items()}
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Fields from a TOML (JSON where the name ends in ``.json``) file; an unknown key or a value of the wrong
+    kind is an :class:`~node.core.optionfile.OptionFileError` (a ValueError)."""
+    hint = "write one whose keys are the fields of ExperimentConfig (the flags of swarm-node experiment --help)"
+    return load_option_file(path, config_file_keys(), missing_hint=hint)

@@ -59,7 +59,7 @@ def test_local_keys_are_allowed_and_join_peer_can_come_from_the_file(tmp_path: P
 @pytest.mark.parametrize(
     "content, words",
     [
-        ("roundz = 3", "unknown key 'roundz'; valid keys are: "),
+        ("roundz = 3", "unknown key 'roundz' (did you mean 'rounds'?); valid keys are: "),
         ("rounds = 'many'", "rounds = 'many' must be a whole number"),
         ("resume = 1", "must be true or false"),
         ("task = [1, 2]", "list of strings"),

@@ -226,7 +226,7 @@ def test_config_file_and_flags(tmp_path: Path) -> None:
     cfg = config_from_args(args)
     assert (cfg.nodes, cfg.splits, cfg.rounds, cfg.sampling) == (3, ("4/0", "2/2"), 9, ("advantage",))
     path.write_text(json.dumps({"nodez": 3}))
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match=r"unknown key 'nodez' \(did you mean 'nodes'\?\)"):
         config_from_args(build_parser().parse_args(["experiment", "--config", str(path)]))
     # a node option's key is its field name or its flag's spelling, as in a node's config file
     path.write_text(json.dumps({"generations": 4, "lr": 0.01, "warm_start_steps": 5, "sync_aggregator": "mean"}))
