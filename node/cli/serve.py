@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,7 @@ from node.core.assemble import node_configs
 from node.core.checkpoint import CheckpointError
 from node.core.node import Node
 from node.core.options import JoinOptions, NodeOptions, options_from, sync_partner_warning
-from node.observe.reach import reachability_advice, startup_reach
+from node.observe.reach import RELAY_WARN_S, reachability_advice, relay_news, relayed_via, startup_reach
 from swarm.errors import SwarmError
 from swarm.identity import IdentityError
 from swarm.membership import parse_peer_multiaddr
@@ -91,10 +92,43 @@ def _announce(node: Node, args: argparse.Namespace, dashboard_url: str) -> None:
         print(f"Dashboard: {dashboard_url}  (Prometheus: {dashboard_url}metrics)", flush=True)
     if note is not None:
         print(f"swarm-node: {note}", flush=True)
+        if verdict.reachability is Reachability.NAT and membership is not None:
+            start_relay_watch(node, membership.visible_multiaddrs)
         return
     advice = reachability_advice(addrs, list(cfg.announce), cfg.client_mode, cfg.host)
     if advice:
         print(f"swarm-node: note: {advice}", flush=True)
+
+
+RELAY_POLL_S = 15.0
+"""How often a node behind NAT asks its daemon whether a relay reserved it a slot (one local call)."""
+
+
+def start_relay_watch(
+    node: Node, addrs: Callable[..., list[str]], poll_s: float = RELAY_POLL_S, warn_after_s: float = RELAY_WARN_S
+) -> threading.Thread:
+    """Say once when this NATed node gains a relayed address, or warn once when none came in time; the
+    thread ends with the relayed address or the node's stop."""
+    started = time.monotonic()
+
+    def watch() -> None:
+        warned = False
+        while not node.stop_event.wait(poll_s):
+            now = addrs(latest=True)
+            news = relay_news(now, time.monotonic() - started, warned, warn_after_s)
+            if news is not None:
+                print(f"swarm-node: {news}", flush=True)
+                warned = True
+            relay = relayed_via(now)
+            if news is not None and node.metrics is not None:
+                node.metrics.write("reach", time=node.clock(), peer=node.peer_id, reachability="nat",
+                                   relayed_via=relay or "", waited_s=round(time.monotonic() - started, 1))  # fmt: skip
+            if relay is not None:
+                return
+
+    thread = threading.Thread(target=watch, name="relay-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 GO_TIMEOUT_S = 120.0

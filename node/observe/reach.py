@@ -117,3 +117,44 @@ def _best(addrs: list[str]) -> str:
         return (order[address_scope(m.group(1))] if m else 3, a)
 
     return sorted(addrs, key=rank)[0]
+
+
+RELAY_WARN_S = 300.0
+"""How long a node behind NAT waits for a relayed address before it warns. libp2p's auto-relay starts looking
+after a boot delay of up to 180 s when it knows fewer than four relay candidates (docs/ARCHITECTURE.md,
+"Relays and NAT"); slots came 143-213 s after start on the WAN testbed."""
+
+
+def relayed_via(addrs: list[str]) -> str | None:
+    """The relay of the first relayed address among ``addrs`` (``.../p2p/<relay>/p2p-circuit...``), or None.
+
+    >>> relayed_via(["/ip4/10.0.0.2/tcp/1", "/ip4/203.0.114.10/tcp/7100/p2p/12D3KooWR/p2p-circuit"])
+    '/ip4/203.0.114.10/tcp/7100/p2p/12D3KooWR'
+    >>> relayed_via(["/ip4/10.0.0.2/tcp/1"]) is None
+    True
+    """
+    for addr in addrs:
+        head, sep, _ = addr.partition("/p2p-circuit")
+        if sep and "/p2p/" in head:
+            return head
+    return None
+
+
+def relay_news(addrs: list[str], waited_s: float, warned: bool, warn_after_s: float = RELAY_WARN_S) -> str | None:
+    """What a node behind NAT says about its relay slot now: that it has one (once), that none came within
+    ``warn_after_s`` (once, ``warned`` says whether it was said), or None (nothing new).
+
+    >>> relay_news(["/ip4/203.0.114.10/tcp/1/p2p/R/p2p-circuit"], 40.0, False)[:29]
+    'relayed via /ip4/203.0.114.10'
+    >>> relay_news([], 10.0, False) is None, relay_news([], 301.0, True) is None
+    (True, True)
+    """
+    relay = relayed_via(addrs)
+    if relay is not None:
+        return (f"relayed via {relay} after {waited_s:.0f} s: same-model peers behind other NATs sync with this "
+                "node through it")  # fmt: skip
+    if waited_s >= warn_after_s and not warned:
+        return (f"no relay slot after {waited_s:.0f} s: peers behind other NATs cannot reach this node for the "
+                "outer sync (rollouts still go through the peers it joined); join through a peer with a public "
+                "address, or forward this node's TCP port and pass --announce")  # fmt: skip
+    return None
