@@ -3,8 +3,9 @@
 Standard library only at import, so the command line reads their fields' help, defaults and ranges
 (:mod:`node.core.options`) without loading hivemind or torch. Each option-fed field declares its help, and
 its range (``min``/``max`` inclusive, ``above``/``below`` exclusive, ``or_zero``) and ``choices`` where it
-has them, in its metadata; the time bound a sync may take is :meth:`OuterSyncConfig.max_sync_seconds`
-(derived in :mod:`swarm.sync.outer`).
+has them, in its metadata, the one statement of them: each ``__post_init__`` checks them with
+:func:`swarm.declared.check_declared` and states only what a declaration cannot. The time bound a sync may
+take is :meth:`OuterSyncConfig.max_sync_seconds` (derived in :mod:`swarm.sync.outer`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from swarm.declared import check_declared
 from swarm.maddr import parse_announce, parse_peer_multiaddr
 
 if TYPE_CHECKING:
@@ -206,14 +208,13 @@ class OuterSyncConfig:
     record_ttl_s: float = field(default=600.0, metadata={"help": "Lifetime of this peer's state record in the DHT."})
 
     def __post_init__(self) -> None:
+        # allreduce_timeout_s declares the command line's floor (the default dht_timeout_s); a sync of faster
+        # DHT bounds may take less, and its own rule, A >= d, is checked below
+        check_declared(self, skip=("allreduce_timeout_s",))
         if self.sync_every < (0 if self.sync_period_s else 1):
             raise ValueError(f"sync_every={self.sync_every}; use at least 1 (typical: 100-500), or a sync_period_s")
-        if not (math.isfinite(self.sync_period_s) and (self.sync_period_s == 0 or self.sync_period_s >= 1)):
+        if not math.isfinite(self.sync_period_s):  # a declared range admits infinity
             raise ValueError(f"sync_period_s={self.sync_period_s}; use 0 (count inner steps) or at least 1 second")
-        if self.compression not in COMPRESSIONS:
-            raise ValueError(f"compression={self.compression!r}; use one of {', '.join(COMPRESSIONS)}")
-        if self.aggregator not in AGGREGATORS:
-            raise ValueError(f"aggregator={self.aggregator!r}; use one of {', '.join(AGGREGATORS)}")
         if not 0.0 <= self.trim_fraction < 0.5:
             raise ValueError(f"trim_fraction={self.trim_fraction}; use a value in [0, 0.5), e.g. 0.2")
         if not (math.isfinite(self.clip_factor) and self.clip_factor > 1.0):
@@ -222,10 +223,8 @@ class OuterSyncConfig:
             raise ValueError(
                 f"max_weight_ratio={self.max_weight_ratio}; use a finite number of at least 1 (typical: 2-8)"
             )
-        if not (math.isfinite(self.outer_lr) and self.outer_lr > 0):
-            raise ValueError(f"outer_lr={self.outer_lr}; use a positive number (DiLoCo: 0.7)")
-        if not 0.0 <= self.outer_momentum < 1.0:
-            raise ValueError(f"outer_momentum={self.outer_momentum}; use a value in [0, 1) (DiLoCo: 0.9)")
+        if not math.isfinite(self.outer_lr):
+            raise ValueError(f"outer_lr={self.outer_lr}; use a finite positive number (DiLoCo: 0.7)")
         for name in (
             "matchmaking_timeout_s",
             "allreduce_timeout_s",
@@ -445,14 +444,11 @@ class MembershipConfig:
             )
 
     def __post_init__(self) -> None:
+        check_declared(self)  # alone_after_s and bootstrap_attempts
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is out of range; use 0-65535 (0 picks a free port)")
         if not self.swarm_id or "/" in self.swarm_id or ":" in self.swarm_id:
             raise ValueError(f"swarm id {self.swarm_id!r} must be non-empty without '/' or ':'")
-        if not self.alone_after_s > 0:
-            raise ValueError(f"alone_after_s={self.alone_after_s}; use seconds above 0, e.g. 60")
-        if self.bootstrap_attempts < 1:
-            raise ValueError(f"bootstrap_attempts={self.bootstrap_attempts}; use at least 1")
         self._check_dht_bounds()
         for m in self.initial_peers:
             parse_peer_multiaddr(m)

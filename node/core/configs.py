@@ -3,7 +3,9 @@
 Standard library only at import, so the command line reads their fields' help, defaults and ranges
 (:mod:`node.core.options`) without loading torch or hivemind. Each option-fed field declares its help,
 and its range (``min``/``max`` inclusive, ``above``/``below`` exclusive) and ``choices`` where it has
-them, in its metadata. :mod:`node.core.config`, ``checkpoint`` and ``ingest`` re-export them.
+them, in its metadata, the one statement of them: each ``__post_init__`` checks them with
+:func:`swarm.declared.check_declared` and states only what a declaration cannot. :mod:`node.core.config`,
+``checkpoint`` and ``ingest`` re-export them.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from node.core.pool import SAMPLING_POLICIES
+from swarm.declared import check_declared
 
 DEFAULT_MODEL = "tiny-s"
 DEFAULT_IDENTITY = "~/.swarm-node/identity.key"
@@ -171,23 +174,8 @@ class NodeConfig:
     )
 
     def __post_init__(self) -> None:
+        check_declared(self)  # each field's range and choices, from its declaration above
         checks = [
-            (self.rounds >= 0, f"rounds={self.rounds}; use 0 (run until stopped) or a positive count"),
-            (0 <= self.warm_start_steps <= 100_000, f"warm_start_steps={self.warm_start_steps}; use 0 (off) to 100000"),
-            (
-                self.local_groups >= 1,
-                f"local_groups={self.local_groups}; a node needs at least 1 local group",
-            ),
-            (self.external_groups >= 0, f"external_groups={self.external_groups}; use 0 or more"),
-            (2 <= self.num_generations <= 64, f"num_generations={self.num_generations}; GRPO needs 2-64"),
-            (
-                self.sampling in SAMPLING_POLICIES,
-                f"sampling={self.sampling!r}; use one of {SAMPLING_POLICIES}",
-            ),
-            (
-                0 < self.max_source_share <= 16,
-                f"max_source_share={self.max_source_share}; use a share of the node's own rows in (0, 16], e.g. 0.5",
-            ),
             (
                 self.max_source_share * self.local_groups >= 1,
                 f"max_source_share={self.max_source_share} with local_groups={self.local_groups} lets a peer supply "
@@ -196,10 +184,6 @@ class NodeConfig:
             ),
             (self.pool_capacity >= 1, f"pool_capacity={self.pool_capacity}; use at least 1"),
             (self.collect_limit >= 0, f"collect_limit={self.collect_limit}; use 0 or more"),
-            (0 <= self.network_wait_s <= 60, f"network_wait_s={self.network_wait_s}; use seconds in [0, 60]"),
-            (0 <= self.min_generate_s <= 3600, f"min_generate_s={self.min_generate_s}; use seconds in [0, 3600]"),
-            (self.device in DEVICES, f"device={self.device!r}; use one of {DEVICES}"),
-            (self.max_threads >= 0, f"max_threads={self.max_threads}; use 0 (default) or a positive count"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -225,8 +209,7 @@ class CheckpointConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.checkpoint_every < 0:
-            raise ValueError(f"--checkpoint-every {self.checkpoint_every}: use 0 (off) or a positive number of rounds")
+        check_declared(self)
 
 
 @dataclass(frozen=True)
@@ -265,13 +248,12 @@ class IngestConfig:
     )
 
     def __post_init__(self) -> None:
+        check_declared(self)  # accept_tokens' range
         counts = ("max_groups_per_publisher", "max_task_builds", "max_task_builds_per_publisher")
         for name in counts:
             if getattr(self, name) < 0:
                 raise ValueError(f"IngestConfig.{name}={getattr(self, name)}; use 0 (refuse all) or more")
         if not 0 < self.max_ingest_s <= 600:
             raise ValueError(f"IngestConfig.max_ingest_s={self.max_ingest_s}; use seconds in (0, 600]")
-        if self.accept_tokens < 0:
-            raise ValueError(f"IngestConfig.accept_tokens={self.accept_tokens}; use 0 (the node's own budget) or more")
         if not 0 <= self.completion_slack_tokens <= 64:
             raise ValueError(f"IngestConfig.completion_slack_tokens={self.completion_slack_tokens}; use 0-64")

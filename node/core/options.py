@@ -23,7 +23,6 @@ one that restates what its component field declares.
 from __future__ import annotations
 
 import importlib.util
-import operator
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
@@ -35,6 +34,7 @@ from node.core.configs import CheckpointConfig, IngestConfig, NodeConfig
 from node.training.configs import AdapterConfig, EvalConfig, GenerationConfig, GRPOConfig
 from node.training.offpolicy import OffPolicyConfig
 from swarm.configs import MembershipConfig, OuterSyncConfig
+from swarm.declared import broken_rule, number_text
 
 NODE = "node"
 SYNC = "outer sync (DiLoCo, among peers of the same architecture)"
@@ -134,14 +134,17 @@ def bounds(
     below: float | None = None,
     or_zero: bool = False,
 ) -> dict[str, Any]:
-    """A number field's range as field metadata, read by :func:`range_error` (see :func:`option`)."""
+    """A number field's range as field metadata, read by :func:`range_error` and :func:`swarm.declared.check_declared`
+    (see :func:`option`)."""
     return {"min": min, "max": max, "above": above, "below": below, "or_zero": or_zero}
 
 
-def first_range_error(obj: Any, flagged: list[Any]) -> str | None:
-    """The first of ``flagged`` (fields of ``obj``) whose value lies outside its range, as :func:`range_error`."""
+def first_option_error(obj: Any, flagged: list[Any]) -> str | None:
+    """The first of ``flagged`` (fields of ``obj``) whose value lies outside its range (:func:`range_error`) or
+    its choices (:func:`choice_error`)."""
     for f in flagged:
-        problem = range_error(f, getattr(obj, f.name))
+        value = getattr(obj, f.name)
+        problem = range_error(f, value) or choice_error(f, value)
         if problem:
             return problem
     return None
@@ -390,10 +393,6 @@ def default_of(cls: type[NodeOptions], name: str) -> Any:
     raise KeyError(name)
 
 
-def _number(value: float) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 def range_error(f: Any, value: Any) -> str | None:
     """Why ``value`` lies outside option ``f``'s range, in one sentence naming its flag; None if inside.
 
@@ -401,18 +400,22 @@ def range_error(f: Any, value: Any) -> str | None:
     >>> range_error(f, 0.5), range_error(f, 0.0)
     ('--sync-period must be 0 or >= 1, got 0.5', None)
     """
-    meta = f.metadata
-    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+    rule = broken_rule(f.metadata, value)
+    return None if rule is None else f"{flag_of(f)} must be {rule}, got {number_text(value)}"
+
+
+def choice_error(f: Any, value: Any) -> str | None:
+    """Why ``value`` is none of option ``f``'s choices, in one sentence naming its flag; None if it is one (or
+    ``f`` has none). argparse refuses them on the command line; this refuses them from anywhere else.
+
+    >>> f = next(f for f in option_fields(NodeOptions) if f.name == "adapter")
+    >>> choice_error(f, "qlora"), choice_error(f, "lora")
+    ('--adapter qlora: use one of none, lora', None)
+    """
+    choices = f.metadata.get("choices")
+    if not choices or value is None or value in choices:
         return None
-    if meta.get("or_zero") and value == 0:
-        return None
-    rules = [("above", ">", operator.gt), ("min", ">=", operator.ge), ("below", "<", operator.lt)]
-    rules.append(("max", "<=", operator.le))
-    bounds = [(meta[key], word, test) for key, word, test in rules if meta.get(key) is not None]
-    if all(test(value, bound) for bound, _, test in bounds):  # NaN fails every bound
-        return None
-    rule = " and ".join(f"{word} {_number(bound)}" for bound, word, _ in bounds)
-    return f"{flag_of(f)} must be {'0 or ' if meta.get('or_zero') else ''}{rule}, got {_number(value)}"
+    return f"{flag_of(f)} {value}: use one of {', '.join(map(str, choices))}"
 
 
 def report_to_problem(report_to: str) -> str | None:
@@ -429,11 +432,12 @@ def report_to_problem(report_to: str) -> str | None:
 
 
 def check_options(opts: NodeOptions) -> None:
-    """Every option's range, then the checks across options: the first problem as a ValueError naming the flag.
+    """Every option's range and choices, then the checks across options: the first problem as a ValueError
+    naming the flag.
 
     Standard library only, so the command line refuses bad input before torch loads.
     """
-    problem = first_range_error(opts, option_fields(type(opts))) or report_to_problem(opts.report_to)
+    problem = first_option_error(opts, option_fields(type(opts))) or report_to_problem(opts.report_to)
     if problem:
         raise ValueError(problem)
     if opts.max_source_share * opts.local_groups < 1:

@@ -18,7 +18,7 @@ from node.core.options import (
     LocalOptions,
     NodeOptions,
     default_of,
-    first_range_error,
+    first_option_error,
     option,
     option_fields,
     option_types,
@@ -27,7 +27,6 @@ from node.core.options import (
 from node.core.pool import SAMPLING_POLICIES
 from node.experiments.results import parse_split
 from node.training.offpolicy import OBJECTIVES, default_objective
-from swarm.configs import AGGREGATORS
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +163,7 @@ class ExperimentConfig:
             raise ValueError(
                 f"sync_every={','.join(map(str, self.sync_every))}; use whole numbers of rounds, e.g. 0,10"
             ) from None
-        problem = first_range_error(self, option_fields(type(self))) or report_to_problem(self.report_to)
+        problem = first_option_error(self, option_fields(type(self))) or report_to_problem(self.report_to)
         if problem:
             raise ValueError(problem)
         checks = [
@@ -176,10 +175,6 @@ class ExperimentConfig:
                 not self.sync_period_s or sum(h > 0 for h in self.sync_every) == 1,
                 f"sync_period_s={self.sync_period_s} sets when every synced run syncs, so sync_every needs exactly "
                 "one value above 0 to mark them, e.g. 0,1",
-            ),
-            (
-                self.aggregator in AGGREGATORS,
-                f"aggregator={self.aggregator!r}; use one of {', '.join(AGGREGATORS)}",
             ),
         ]
         for ok, msg in checks:

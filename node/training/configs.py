@@ -3,8 +3,9 @@
 Standard library only at import, so the command line reads their fields' help, defaults and ranges
 (:mod:`node.core.options`) without loading torch. Each option-fed field declares its help, and its range
 (``min``/``max`` inclusive, ``above``/``below`` exclusive) and ``choices`` where it has them, in its
-metadata. The modules that use them (:mod:`node.training.grpo`, ``policy``, ``adapters``, ``evaluate``)
-re-export them.
+metadata, the one statement of them: each ``__post_init__`` checks them with
+:func:`swarm.declared.check_declared` and states only what a declaration cannot. The modules that use
+them (:mod:`node.training.grpo`, ``policy``, ``adapters``, ``evaluate``) re-export them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from node.training.schedule import LR_SCHEDULES
+from swarm.declared import check_declared
 
 PRECISIONS = ("auto", "float32", "bfloat16")
 """``--sample-precision`` values: auto (bf16 where the CPU has native bf16 and the model is large), or one."""
@@ -73,24 +75,21 @@ class GRPOConfig:
     )
 
     def __post_init__(self) -> None:
+        check_declared(self)  # learning_rate, the schedule, min_lr_rate and micro_batch_size
         checks = [
-            (0 < self.learning_rate < 1, "learning_rate must be in (0, 1)"),
             (self.beta >= 0, "beta must be >= 0"),
             (0 <= self.epsilon < 1, "epsilon must be in [0, 1)"),
             (self.epsilon_high >= 0, "epsilon_high must be >= 0"),
             (1 <= self.num_iterations <= 64, "num_iterations must be in [1, 64]"),
             (self.max_grad_norm >= 0, "max_grad_norm must be >= 0"),
             (self.loss_type in LOSS_TYPES, f"loss_type must be one of {LOSS_TYPES}"),
-            (self.lr_scheduler_type in LR_SCHEDULES, f"lr_scheduler_type must be one of {LR_SCHEDULES}"),
             (
                 self.lr_scheduler_type == "constant" or self.lr_decay_rounds >= 1,
                 "a decaying lr_scheduler_type needs lr_decay_rounds >= 1 (e.g. the run's rounds)",
             ),
-            (0 <= self.min_lr_rate <= 1, "min_lr_rate must be in [0, 1]"),
             (self.weight_decay >= 0, "weight_decay must be >= 0"),
             (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1, "adam betas must be in [0, 1)"),
             (self.adam_epsilon > 0, "adam_epsilon must be > 0"),
-            (self.micro_batch_size >= 1, "micro_batch_size must be >= 1"),
         ]
         for ok, message in checks:
             if not ok:
@@ -125,14 +124,9 @@ class GenerationConfig:
     )
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
+        check_declared(self)  # temperature, max_new_tokens and sample_precision
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if isinstance(self.max_new_tokens, bool) or not 1 <= self.max_new_tokens <= 4096:
-            raise ValueError(f"max_new_tokens must be in [1, 4096], got {self.max_new_tokens}")
-        if self.sample_precision not in PRECISIONS:
-            raise ValueError(f"sample_precision must be one of {', '.join(PRECISIONS)}, got {self.sample_precision!r}")
 
 
 @dataclass(frozen=True)
@@ -173,24 +167,7 @@ class AdapterConfig:
     )
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.adapter in ADAPTERS, f"--adapter {self.adapter}: use none or lora"),
-            (
-                not isinstance(self.lora_rank, bool) and 1 <= self.lora_rank <= 4096,
-                f"--lora-rank {self.lora_rank}: use a rank from 1 to 4096 (e.g. 8 or 16)",
-            ),
-            (
-                not isinstance(self.lora_alpha, bool) and 1 <= self.lora_alpha <= 65536,
-                f"--lora-alpha {self.lora_alpha}: use a positive scale, e.g. twice --lora-rank",
-            ),
-            (
-                0.0 <= self.lora_dropout < 1.0,
-                f"--lora-dropout {self.lora_dropout:g}: use a probability in [0, 1), e.g. 0.05",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        check_declared(self)  # the adapter, its rank, alpha and dropout
         for t in self.targets:
             if not _TARGET_NAME.fullmatch(t):
                 raise ValueError(f"--lora-targets: {t!r} is not a module name; use a comma list such as q_proj,v_proj")
@@ -248,15 +225,7 @@ class EvalConfig:
     )
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.eval_every >= 0, f"eval_every={self.eval_every}; use 0 (off) or a positive number of rounds"),
-            (1 <= self.eval_items <= 4096, f"eval_items={self.eval_items}; use 1-4096 questions per family"),
-            (0 <= self.eval_samples <= 64, f"eval_samples={self.eval_samples}; use 0 (greedy only) to 64"),
-            (self.eval_timeout_s > 0, f"eval_timeout_s={self.eval_timeout_s}; use a positive number of seconds"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ValueError(msg)
+        check_declared(self)
 
     def due(self, round: int, last_round: int) -> bool:
         """Whether to evaluate after ``round`` (0: before the first): every ``eval_every`` rounds and after the last."""

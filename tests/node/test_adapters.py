@@ -217,7 +217,7 @@ def test_adapter_flags_feed_the_config_and_bad_ones_name_the_fix() -> None:
     )
     assert parts.adapter.targets == ("q_proj", "v_proj")
     for bad, fix in (
-        (NodeOptions(adapter="qlora"), "--adapter qlora: use none or lora"),
+        (NodeOptions(adapter="qlora"), "--adapter qlora: use one of none, lora"),
         (NodeOptions(adapter="lora", lora_rank=0), "--lora-rank must be >= 1 and <= 4096, got 0"),
         (NodeOptions(adapter="lora", lora_alpha=0), "--lora-alpha must be >= 1 and <= 65536, got 0"),
         (NodeOptions(adapter="lora", lora_dropout=1.0), "--lora-dropout must be >= 0 and < 1, got 1"),

@@ -60,5 +60,5 @@ def test_nothing_or_only_garbage(tmp_path: Path) -> None:
 
 def test_config_validation() -> None:
     assert CheckpointConfig().checkpoint_every == 50
-    with pytest.raises(ValueError, match="--checkpoint-every -1"):
+    with pytest.raises(ValueError, match="checkpoint_every=-1; use a value >= 0"):
         CheckpointConfig(checkpoint_every=-1)

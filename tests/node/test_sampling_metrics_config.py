@@ -80,11 +80,11 @@ def test_metrics_are_json_lines_and_torn_lines_are_skipped(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     "kwargs, fix",
     [
-        ({"num_generations": 1}, "2-64"),
-        ({"external_groups": -1}, "0 or more"),
+        ({"num_generations": 1}, "num_generations=1; use a value >= 2 and <= 64"),
+        ({"external_groups": -1}, "external_groups=-1; use a value >= 0"),
         ({"sampling": "greedy"}, "uniform"),
         ({"device": "tpu"}, "cpu"),
-        ({"rounds": -3}, "0 (run until stopped)"),
+        ({"rounds": -3}, "rounds=-3; use a value >= 0"),
     ],
 )
 def test_config_errors_name_the_value_and_fix(kwargs: dict, fix: str) -> None:  # type: ignore[type-arg]
