@@ -109,19 +109,24 @@ def _run_member(
     plan: Plan,
     observe: Callable[[RoundPoint, int], None] | None = None,
     signatures: Signatures = ED25519,
+    cfg: OuterSyncConfig = CFG,
+    setup: Callable[[OuterSync], None] | None = None,
 ) -> None:
-    """Train a little and sync, round after round, as long as ``plan`` says."""
+    """Train a little and sync, round after round, as long as ``plan`` says; ``setup`` sees each process's
+    sync before its first round (a hostile member's code, say)."""
     identity = Identity(member.key, root / f"{member.name}.key")
     peers = (f"/ip4/127.0.0.1/tcp/4001/p2p/{member.via}",) if member.via else ()
     membership = Membership(identity, MembershipConfig(swarm_id="sim", address_book=False, initial_peers=peers))
     model = _model()
-    sync = OuterSync(membership, model, CFG, clock, observe, net, signatures, member.journal)
+    sync = OuterSync(membership, model, cfg, clock, observe, net, signatures, member.journal)
     gen = torch.Generator().manual_seed(int.from_bytes(member.key.seed[:4], "big") + len(member.restarts))
     step, until = 0, EPOCH + plan.for_s  # a restarted process ends when the first would have
     if member.restarts and member.checkpoint is not None:  # as a node restarts: from its last checkpoint
         state, weights, step = member.checkpoint
         load_flat(model, weights)
         sync.load_state_dict(state)
+    if setup is not None:
+        setup(sync)
     try:
         while step < plan.rounds:
             pause = plan.pause(clock())
@@ -164,10 +169,14 @@ def simulate(
     faults: Callable[[SimNet, dict[str, Member]], Coroutine[Any, Any, None]] | None = None,
     observers: dict[str, Callable[[SimNet, Member], Callable[[RoundPoint, int], None]]] | None = None,
     ed25519: bool = False,
+    cfg: OuterSyncConfig = CFG,
+    setups: dict[str, Callable[[SimNet, Member], Callable[[OuterSync], None]]] | None = None,
 ) -> tuple[dict[str, Member], SimNet, float]:
     """Run ``names`` syncing as ``plan`` says with ``faults`` playing beside them; the members, the network
     and the wall seconds it took. A name ``x<y`` joins through ``y``; others through the first name.
-    ``ed25519``: records signed with it and journals in files under ``root``, as nodes do."""
+    ``ed25519``: records signed with it and journals in files under ``root``, as nodes do. ``cfg``: every
+    member's sync configuration; ``setups``: per member name, what sees each of its processes' syncs before
+    their first round (a hostile member's code, say)."""
     loop = VirtualLoop()
     members: dict[str, Member] = {}
     for spec in names:
@@ -176,7 +185,7 @@ def simulate(
         members[name] = Member(name, _key(name), _key(via).peer_id if via and via != "-" else "")
         if ed25519:
             members[name].journal = None
-    observers = observers or {}
+    observers, setups = observers or {}, setups or {}
     t0 = time.perf_counter()
 
     async def main() -> SimNet:
@@ -184,13 +193,20 @@ def simulate(
         threads: list[threading.Thread] = []  # a restart adds one: joined() waits for it too
         for n, m in members.items():
             sim = net.add(m.peer)
-            make = observers.get(n)
+            make, prepare = observers.get(n), setups.get(n)
             observe = make(net, m) if make is not None else None
+            setup = prepare(net, m) if prepare is not None else None
 
             signatures = ED25519 if ed25519 else net.signatures
 
-            def work(m: Member = m, sim: SyncNet = sim, observe: Any = observe, sig: Signatures = signatures) -> None:
-                _run_member(m, sim, net.clock, root, plan, observe, sig)
+            def work(
+                m: Member = m,
+                sim: SyncNet = sim,
+                observe: Any = observe,
+                sig: Signatures = signatures,
+                setup: Any = setup,
+            ) -> None:
+                _run_member(m, sim, net.clock, root, plan, observe, sig, cfg, setup)
 
             def restart(m: Member = m, work: Callable[[], None] = work) -> None:
                 net.revive(m.peer)
