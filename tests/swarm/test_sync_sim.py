@@ -101,6 +101,11 @@ def _model() -> torch.nn.Module:
     return model
 
 
+def _model_size() -> int:
+    """The parameters of every member's model (:func:`_model`): what the sync's time bound grows with."""
+    return sum(p.numel() for p in _model().parameters())
+
+
 def _run_member(
     member: Member,
     net: SyncNet,
@@ -291,13 +296,17 @@ def test_a_member_crashed_before_voting_costs_the_survivors_one_round_not_the_vo
     assert wall < WALL_S
 
 
-def test_a_member_crashed_mid_allreduce_fails_the_round_for_all_and_the_rest_go_on(tmp_path: Path) -> None:
-    """c dies once its own slice is reduced: the all-reduce fails on a and b (nobody commits a round with a
-    missing slice), and their next rounds commit as two, bit-identical."""
+@pytest.mark.parametrize("revision", [0, 1], ids=["first-round", "after-a-commit"])
+def test_a_member_crashed_mid_allreduce_fails_the_round_for_all_and_the_rest_go_on(
+    tmp_path: Path, revision: int
+) -> None:
+    """c dies once its own slice of the round at ``revision`` is reduced (in the first round, or after a
+    commit of all three): the all-reduce fails on a and b (nobody commits a round with a missing slice),
+    each within the sync's time bound, and their next rounds commit as two; they end on one state."""
 
     def crash_c(net: SimNet, m: Member) -> Callable[[RoundPoint, int], None]:
-        def observe(point: RoundPoint, revision: int) -> None:
-            if point is RoundPoint.REDUCED and revision == 0:
+        def observe(point: RoundPoint, at: int) -> None:
+            if point is RoundPoint.REDUCED and at == revision:
                 net.crash(m.peer)  # the reduction runs on the loop: crash it there and then
 
         return observe
@@ -305,11 +314,15 @@ def test_a_member_crashed_mid_allreduce_fails_the_round_for_all_and_the_rest_go_
     members, net, wall = simulate(tmp_path, ["a", "b", "c"], Plan(rounds=4), observers={"c": crash_c})
     a, b = members["a"], members["b"]
     print(f"crash mid all-reduce: {wall:.3f} s wall\n" + "\n".join(net.trace))
+    bound = CFG.max_sync_seconds(_model_size())
     for m in (a, b):
-        first, later = m.reports[0], m.reports[1:]
-        assert not first.committed and first.revision == 0, first
+        before, failed, later = m.reports[:revision], m.reports[revision], m.reports[revision + 1 :]
+        assert all(r.committed and r.group_size == 3 for r in before), before
+        assert not failed.committed and failed.revision == revision, failed
         assert later and all(r.committed and r.group_size == 2 for r in later), later
+        assert all(r.sync_s <= bound for r in m.reports), (bound, m.reports)
     assert all(len(h) == 1 for h in _histories([a, b]).values())
+    assert a.states[-1] == b.states[-1]
     assert wall < WALL_S
 
 
@@ -351,14 +364,21 @@ def test_a_member_alone_finds_no_partner(tmp_path: Path) -> None:
     assert all(not r.committed for r in members["solo"].reports)
 
 
-def test_a_member_frozen_mid_round_is_left_behind_and_catches_up_after_it_resumes(tmp_path: Path) -> None:
-    """c stops (SIGSTOP-like) once its group is decided, for 10 virtual s: a and b give that round up
-    (nobody commits a round c may not apply) and commit on as two; c resumes behind, catches up to their
-    state from a partner and syncs with them again, on their history."""
+@pytest.mark.parametrize("at", [RoundPoint.MATCHMADE, RoundPoint.SENT], ids=["matchmade", "parts-sent"])
+def test_a_member_frozen_mid_round_is_left_behind_and_catches_up_after_it_resumes(
+    tmp_path: Path, at: RoundPoint
+) -> None:
+    """c stops (SIGSTOP-like) in its second round, once its group is decided or once it sent a part, for 10
+    virtual s: a and b give that round up (nobody commits a round c may not apply) within the sync's time
+    bound and commit on as two; c resumes behind, catches up to a state their group committed and syncs
+    with them again, on their history, ending on their newest state."""
 
     def freeze_c(net: SimNet, m: Member) -> Callable[[RoundPoint, int], None]:
+        frozen: list[bool] = []
+
         def observe(point: RoundPoint, revision: int) -> None:
-            if point is RoundPoint.MATCHMADE and revision == 1:
+            if point is at and revision == 1 and not frozen:  # a part is sent per slice: the first one
+                frozen.append(True)
                 net.loop.call_soon_threadsafe(net.freeze, m.peer)
                 net.loop.call_soon_threadsafe(net.loop.call_later, 10.0, net.thaw, m.peer)
 
@@ -371,8 +391,13 @@ def test_a_member_frozen_mid_round_is_left_behind_and_catches_up_after_it_resume
     frozen_round = next(r for r in a.reports if not r.committed)  # a report names the revision it ended at
     assert frozen_round.revision == 1 and frozen_round.group_size == 3, a.reports
     assert any(r.committed and r.group_size == 2 for r in a.reports), a.reports
-    assert any(r.caught_up for r in c.reports), c.reports
+    bound = CFG.max_sync_seconds(_model_size())
+    assert all(r.sync_s <= bound for m in (a, b) for r in m.reports), bound
+    caught = next((r for r in c.reports if r.caught_up), None)
+    assert caught is not None, c.reports
+    assert caught.state_hash in _histories([a, b]).get(caught.revision, set()), caught  # a state they committed
     assert c.reports[-1].committed and c.reports[-1].group_size == 3, c.reports
+    assert c.states[-1] == a.states[-1] == b.states[-1]  # c ends at the survivors' newest state
     assert all(len(h) == 1 for h in _histories([a, b, c]).values())  # never a second state at one revision
     assert wall < 2 * WALL_S
 
