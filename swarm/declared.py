@@ -67,7 +67,8 @@ def declared_problem(config: Any, skip: Collection[str] = ()) -> str | None:
             return f"{where}; use a number"
         rule = broken_rule(f.metadata, value)
         if rule:
-            return f"{where}; use a value {rule}"
+            bound = rule.removeprefix("0 or ")
+            return f"{where}; use {'0 or ' if bound != rule else ''}a value {bound}"
     return None
 
 

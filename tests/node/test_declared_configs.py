@@ -65,6 +65,9 @@ def test_the_skipped_range_is_the_command_lines_floor() -> None:
     fast = OuterSyncConfig(allreduce_timeout_s=2.0, dht_timeout_s=1.0)
     assert declared_problem(fast, skip=("allreduce_timeout_s",)) is None
     assert declared_problem(fast) == "OuterSyncConfig.allreduce_timeout_s=2.0; use a value >= 5"
+    assert declared_problem(OuterSyncConfig(sync_period_s=1)) is None
+    with pytest.raises(ValueError, match=r"^OuterSyncConfig.sync_period_s=0.5; use 0 or a value >= 1$"):
+        OuterSyncConfig(sync_period_s=0.5)
 
 
 @pytest.mark.parametrize(
