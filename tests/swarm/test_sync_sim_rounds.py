@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.sync import OuterSync, SyncReport
+from swarm.sync import AbortCause, OuterSync, SyncReport
 from swarm.sync.points import RoundPoint
 from tests.simnet import SimNet
 from tests.swarm.test_sync_sim import CFG, WALL_S, Member, Plan, _histories, simulate
@@ -164,3 +164,38 @@ def test_joiners_sync_on_when_their_only_bootstrap_peer_freezes(
         said = [r.getMessage() for r in caplog.records if boot.peer[-6:] in r.getMessage()]
         assert any("restart it with --peer" in line for line in said), said
     assert wall < 3 * WALL_S
+
+
+def test_a_member_asked_to_leave_before_voting_ends_the_round_for_everyone(tmp_path: Path) -> None:
+    """c is asked to leave right after its second all-reduce: it votes abort, and nobody applies that round.
+
+    A node asked to leave by a signal to its process group has lost its p2pd: had it voted and read its
+    (now local, stale) votes, it could commit while its partners, seeing no vote and no ping answer,
+    abort: both forks of a 30-minute chaos run. Defence off (c votes its digest): all three commit it.
+    """
+    syncs: list[OuterSync] = []
+
+    def keep(net: SimNet, m: Member) -> Callable[[OuterSync], None]:
+        return syncs.append
+
+    def leave(net: SimNet, m: Member) -> Callable[[RoundPoint, int], None]:
+        def observe(point: RoundPoint, revision: int) -> None:
+            if point is RoundPoint.ALLREDUCED and revision == 1:  # the leave request arrives mid-round
+                syncs[0].cancel()
+
+        return observe
+
+    cfg = replace(CFG, allreduce_timeout_s=15.0)
+    members, net, wall = simulate(
+        tmp_path, ["a", "b", "c"], Plan(rounds=3, train_s=0.2), observers={"c": leave}, setups={"c": keep}, cfg=cfg
+    )
+    a, b, c = members["a"], members["b"], members["c"]
+    print(f"leave before the vote: {wall:.3f} s wall\n" + "\n".join(net.trace))
+    second = [m.reports[1] for m in (a, b, c)]
+    assert all(r.group_size == 3 and not r.committed for r in second), _brief(second)
+    assert second[2].cause is AbortCause.SHUTTING_DOWN, _brief(second)
+    later = [r for m in (a, b) for r in m.reports[2:]]
+    assert later and all(r.committed and r.group_size == 2 for r in later), _brief(later)
+    assert all(len(h) == 1 for h in _histories([a, b, c]).values())
+    assert a.states[-1] == b.states[-1]
+    assert wall < WALL_S
