@@ -67,9 +67,24 @@ def declared_problem(config: Any, skip: Collection[str] = ()) -> str | None:
             return f"{where}; use a number"
         rule = broken_rule(f.metadata, value)
         if rule:
-            bound = rule.removeprefix("0 or ")
-            return f"{where}; use {'0 or ' if bound != rule else ''}a value {bound}"
+            return f"{where}; use {wanted_text(f.metadata)}"
     return None
+
+
+def wanted_text(meta: Mapping[str, Any]) -> str:
+    """The values a range admits, as a fix words them: ``a value in [0, 1)``, ``0 or a value >= 1``.
+
+    >>> wanted_text({"min": 0, "below": 1}), wanted_text({"min": 1, "or_zero": True})
+    ('a value in [0, 1)', '0 or a value >= 1')
+    """
+    zero = "0 or " if meta.get("or_zero") else ""
+    lows = [(mark, meta[key]) for key, mark in (("min", "["), ("above", "(")) if meta.get(key) is not None]
+    highs = [(mark, meta[key]) for key, mark in (("max", "]"), ("below", ")")) if meta.get(key) is not None]
+    if len(lows) == 1 and len(highs) == 1:
+        (opening, low), (closing, high) = lows[0], highs[0]
+        return f"{zero}a value in {opening}{number_text(low)}, {number_text(high)}{closing}"
+    bounds = [f"{word} {number_text(meta[key])}" for key, word, _ in _RULES if meta.get(key) is not None]
+    return f"{zero}a value {' and '.join(bounds)}"
 
 
 def check_declared(config: Any, skip: Collection[str] = ()) -> None:

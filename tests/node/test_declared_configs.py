@@ -68,6 +68,10 @@ def test_the_skipped_range_is_the_command_lines_floor() -> None:
     assert declared_problem(OuterSyncConfig(sync_period_s=1)) is None
     with pytest.raises(ValueError, match=r"^OuterSyncConfig.sync_period_s=0.5; use 0 or a value >= 1$"):
         OuterSyncConfig(sync_period_s=0.5)
+    with pytest.raises(ValueError, match=r"^OuterSyncConfig.outer_momentum=1.0; use a value in \[0, 1\)$"):
+        OuterSyncConfig(outer_momentum=1.0)
+    with pytest.raises(ValueError, match=r"^NodeConfig.max_source_share=0; use a value in \(0, 16\]$"):
+        NodeConfig(max_source_share=0)
 
 
 @pytest.mark.parametrize(

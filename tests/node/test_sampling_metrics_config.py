@@ -80,7 +80,7 @@ def test_metrics_are_json_lines_and_torn_lines_are_skipped(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     "kwargs, fix",
     [
-        ({"num_generations": 1}, "num_generations=1; use a value >= 2 and <= 64"),
+        ({"num_generations": 1}, "num_generations=1; use a value in [2, 64]"),
         ({"external_groups": -1}, "external_groups=-1; use a value >= 0"),
         ({"sampling": "greedy"}, "uniform"),
         ({"device": "tpu"}, "cpu"),
