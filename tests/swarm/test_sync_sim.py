@@ -16,7 +16,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -175,7 +175,7 @@ def simulate(
     observers: dict[str, Callable[[SimNet, Member], Callable[[RoundPoint, int], None]]] | None = None,
     ed25519: bool = False,
     cfg: OuterSyncConfig = CFG,
-    setups: dict[str, Callable[[SimNet, Member], Callable[[OuterSync], None]]] | None = None,
+    setups: Mapping[str, Callable[[SimNet, Member], Callable[[OuterSync], None]]] | None = None,
 ) -> tuple[dict[str, Member], SimNet, float]:
     """Run ``names`` syncing as ``plan`` says with ``faults`` playing beside them; the members, the network
     and the wall seconds it took. A name ``x<y`` joins through ``y``; others through the first name.

@@ -19,6 +19,7 @@ import pytest
 
 from swarm.sync import AbortCause, OuterSync, SyncReport
 from swarm.sync.points import RoundPoint
+from swarm.sync.records import ABORT_DIGEST
 from tests.simnet import SimNet
 from tests.swarm.test_sync_sim import CFG, WALL_S, Member, Plan, _histories, simulate
 
@@ -199,3 +200,55 @@ def test_a_member_asked_to_leave_before_voting_ends_the_round_for_everyone(tmp_p
     assert all(len(h) == 1 for h in _histories([a, b, c]).values())
     assert a.states[-1] == b.states[-1]
     assert wall < WALL_S
+
+
+VETOED = "kept aborting rounds the others would commit"
+"""What a report names a vetoer as (swarm.sync.robust.Suspicion.VETOED)."""
+
+
+def test_a_member_that_always_votes_abort_is_left_out_after_three_vetoes(tmp_path: Path) -> None:
+    """m votes abort in every round it joins, whatever its average (its records are its own): the honest pair
+    counts its vetoes (swarm.sync.vetoes) and, at the third, leaves it out of its groups and never trusts it;
+    then it commits as a pair, one state per revision (tally off: every round with m aborts)."""
+    trusted: dict[str, list[frozenset[str]]] = {"a": [], "b": []}
+
+    def watch_trust(net: SimNet, m: Member) -> Callable[[OuterSync], None]:
+        def setup(sync: OuterSync) -> None:
+            honest = sync.sync_now
+
+            def sync_now(inner_step: int | None = None) -> SyncReport:
+                report = honest(inner_step)
+                trusted[m.name].append(sync.trusted())  # whom each sync left it trusting
+                return report
+
+            sync.sync_now = sync_now  # type: ignore[method-assign]  # a test's window on each round
+
+        return setup
+
+    def always_veto(net: SimNet, m: Member) -> Callable[[OuterSync], None]:
+        def setup(sync: OuterSync) -> None:
+            records = sync._records
+            honest = records.vote
+            records.vote = lambda plan, digest: honest(plan, ABORT_DIGEST)  # type: ignore[method-assign]
+
+        return setup
+
+    setups = {"a": watch_trust, "b": watch_trust, "m": always_veto}
+    members, net, wall = simulate(tmp_path, ["a", "b", "m"], Plan(rounds=7, train_s=0.2), setups=setups)
+    attacker = members["m"].peer
+    print(f"vetoes: {wall:.3f} s wall\n" + "\n".join(net.trace))
+    for name in "ab":
+        reports = members[name].reports
+        print(name, _brief(reports))
+        vetoed = [r for r in reports if r.cause is AbortCause.ABORTED_BY_MEMBER]
+        assert len(vetoed) <= 3, _brief(reports)  # excluded within a bounded number of rounds
+        named = [r for r in reports if r.suspects.get(attacker) == VETOED]
+        assert len(named) == 1, _brief(reports)
+        later = reports[reports.index(named[0]) + 1 :]
+        assert sum(r.committed for r in later) >= 2, _brief(reports)
+        assert all(r.group_size == 2 for r in later if r.committed), _brief(reports)
+        assert len(trusted[name]) == len(reports) and not any(attacker in t for t in trusted[name])
+    assert all(len(h) == 1 for h in _histories([members["a"], members["b"]]).values())
+    assert members["a"].states[-1] == members["b"].states[-1]
+    assert not _committed(members["m"]), _brief(members["m"].reports)
+    assert wall < 2 * WALL_S
