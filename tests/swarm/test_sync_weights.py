@@ -2,10 +2,10 @@
 
 Unit rules of :func:`swarm.sync.robust.clamp_weights` and the weighted
 aggregation, then real hivemind processes on 127.0.0.1 (tests/sync_worker.py):
-a peer that trains 2x the steps counts 2x in the committed average, and a
-member claiming 10**9 steps (``--claim-steps``: it runs the project's own
-modules with its job's step count replaced) moves the average no more than a
-peer that trained ``max_weight_ratio`` (4) x the median would.
+a peer that trains 2x the steps counts 2x in the committed average. A member
+claiming 10**9 steps moves the average no more than a peer that trained
+``max_weight_ratio`` (4) x the median would: on the simulated network
+(tests/swarm/test_sync_sim_robust.py).
 """
 
 from __future__ import annotations
@@ -160,36 +160,3 @@ def test_a_peer_that_trains_twice_the_steps_counts_twice(fault_swarm: FaultSwarm
     print(f"vs the unweighted mean: {[round(x, 3) for x in unweighted]}")
     assert len(deviations) >= 4 and max(deviations) < 1e-4, deviations
     assert sum(x >= 1.5 for x in ratios) >= 3, ratios  # c did train ~2x the steps in most rounds
-
-
-@pytest.mark.network
-@pytest.mark.timeout(90)
-def test_a_member_claiming_a_billion_steps_counts_as_the_cap(fault_swarm: FaultSwarm) -> None:
-    """a, b honest (4 steps per sync); m claims 10**9: it weighs 4 x 4 = 16 of 24, not ~all of the average."""
-    args = ("--steps", "12", "--dump")
-    peers = fault_swarm.start_many(
-        {
-            "a": (*args, "--update-seed", "1"),
-            "b": (*args, "--update-seed", "2"),
-            "m": (*args, "--update-seed", "3", "--claim-steps", str(10**9)),
-        }
-    )
-    fault_swarm.go()
-    for p in peers:
-        final_state(p, 60.0)
-    shares, caps = [], []
-    for rs in _committed_groups(peers).values():
-        honest = [r for r in rs if r["name"] != "m"]
-        (liar,) = [r for r in rs if r["name"] == "m"]
-        assert liar["weight"] == 10**9
-        h = _weighted([_vec(r, "pseudo") for r in honest], [r["weight"] for r in honest])
-        # applied = (1 - s) h + s liar: s is the liar's share of the average
-        shares.append(float((_applied(rs) - h).norm() / (_vec(liar, "pseudo") - h).norm()))
-        # computed here, not by the code under test: the liar counts as 4 x the median claim, which with
-        # two honest claims below its own is the larger honest one ((4, 4, 16) when every round commits)
-        w = [r["weight"] for r in honest]
-        caps.append(4 * max(w) / (4 * max(w) + sum(w)))
-    print(f"the liar's share of each committed average {[round(s, 4) for s in shares]} (caps {caps})")
-    assert len(shares) >= 2, shares
-    assert all(s <= cap + 1e-4 for s, cap in zip(shares, caps, strict=True)), (shares, caps)
-    assert max(caps) < 0.7  # as much as one peer that trained 4x the median, not the ~1.0 of its claim
