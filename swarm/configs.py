@@ -36,6 +36,11 @@ ALLREDUCE_WIRE = 2
 norm: :mod:`swarm.sync.pieces`); in the rule, so peers of different formats never meet in a group."""
 
 
+MAX_WINDOW_FACTOR = 3.0
+"""A gather window lasts at most this x ``matchmaking_timeout_s``, whatever length its opener asked for
+(``swarm.sync.decide.window_for``: a peer whose syncs run slower opens longer windows)."""
+
+
 @dataclass
 class OuterSyncConfig:
     """How often and how (robustly, with which bounds) peers of one architecture average."""
@@ -295,7 +300,8 @@ class OuterSyncConfig:
         """Upper bound on one ``sync_now`` (catch-up included) for a model of ``n_elems`` parameters; see
         :mod:`swarm.sync.outer` (:meth:`OuterSync.max_sync_seconds` passes its own model's size)."""
         d = self.dht_timeout_s
-        round_s = self.matchmaking_timeout_s + self.allreduce_bound_s(n_elems) + max(self.commit_timeout_s, d)
+        window = MAX_WINDOW_FACTOR * self.matchmaking_timeout_s  # the longest a window's opener may ask for
+        round_s = window + self.allreduce_bound_s(n_elems) + max(self.commit_timeout_s, d)
         # three ping rounds: the catch-up check's (trusted peers at this state), the merge check's (peers of
         # this and other histories) and the orphan check's
         return round_s + self.state_bound_s(n_elems) + 3 * self.ping_timeout_s + 6 * d + 1.0

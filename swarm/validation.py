@@ -63,6 +63,7 @@ from protocol.messages import DESCRIPTOR_KIND
 from protocol.schema import Descriptor
 from protocol.signing import open_envelope
 from swarm import discovery
+from swarm.configs import MAX_WINDOW_FACTOR
 from swarm.memo import ContentMemo
 from swarm.sync.config import COMPRESSIONS, OuterSyncConfig
 from swarm.sync.records import (
@@ -173,7 +174,7 @@ def sync_record_ttls(cfg: OuterSyncConfig) -> dict[str, float]:
     """
     return {
         STATE_KIND: cfg.record_ttl_s,
-        JOIN_KIND: cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s + 30.0,
+        JOIN_KIND: MAX_WINDOW_FACTOR * cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s + 30.0,
         VOTE_KIND: cfg.allreduce_timeout_s + cfg.commit_timeout_s + 30.0,
     }
 

@@ -35,15 +35,55 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from swarm.configs import MAX_WINDOW_FACTOR
 from swarm.sync.config import OuterSyncConfig
 from swarm.sync.records import ABORT_DIGEST, JoinRecord, StateRecord
 
 JOIN_FRACTION = 0.75
 """Share of the gather window during which peers may still join it."""
 
+LATE_FACTOR = 3.0
+"""A window opened by a peer lasts this x the median of its recent all-reduces' seconds, when that is longer
+than the configured window. A member of a competing group at the same parent learns at its vote that
+another group committed first; it then downloads the state (about an all-reduce's bytes, over the same
+links) before it can join the next window, and must still find it open (``JOIN_FRACTION`` of it). Votes
+take about as long on loopback as at 100 ms round trips (2.0 and 2.3 s, bench/RESULTS.md "WAN"), the
+all-reduce does not (0.45 and 5.5 s)."""
+
+
+def window_for(base_s: float, allreduce_s: Sequence[float]) -> float:
+    """The length a peer asks for when it opens a window: ``LATE_FACTOR`` x the median of its recent
+    all-reduces' seconds, at least ``base_s`` and at most ``MAX_WINDOW_FACTOR`` x it.
+
+    >>> window_for(5.0, []), window_for(5.0, [0.45, 1.2]), window_for(5.0, [2.9, 3.0, 3.1])
+    (5.0, 5.0, 9.0)
+    >>> window_for(5.0, [5.5, 60.0])
+    15.0
+    """
+    if not allreduce_s:
+        return base_s
+    median = sorted(allreduce_s)[len(allreduce_s) // 2]
+    return round(min(max(base_s, LATE_FACTOR * median), MAX_WINDOW_FACTOR * base_s), 3)
+
+
+def window_length(records: Mapping[str, JoinRecord], window: float, base_s: float) -> float:
+    """How long window ``window`` lasts: the shortest length its records ask for, clamped to
+    [``base_s``, ``MAX_WINDOW_FACTOR`` x ``base_s``].
+
+    Honest joiners copy the length of the window they join, so its members agree; a record asking for
+    less only brings the configured window back, one asking for more costs at most the clamp.
+
+    >>> r = JoinRecord("p", "0" * 16, 0, "0" * 64, 10.0, 10.0, window_s=9.0)
+    >>> window_length({"p": r}, 10.0, 5.0), window_length({"p": r}, 10.0, 2.0), window_length({}, 10.0, 5.0)
+    (9.0, 6.0, 5.0)
+    """
+    asked = [r.window_s for r in records.values() if r.window_start == window]
+    return min(max(min(asked, default=base_s), base_s), MAX_WINDOW_FACTOR * base_s)
+
 
 def earliest_open_window(records: Mapping[str, JoinRecord], now: float, window_s: float) -> float | None:
-    """The start of the earliest window still open to joiners, or None if none is.
+    """The start of the earliest window still open to joiners, or None if none is (``window_s``: the
+    configured window; each window's own length is :func:`window_length`).
 
     A sealed window (every record of it closed) is not open: its members may
     have decided their group already.
@@ -53,7 +93,11 @@ def earliest_open_window(records: Mapping[str, JoinRecord], now: float, window_s
     (10.0, None)
     """
     starts = {r.window_start for r in records.values() if r.window_start <= now}
-    open_ = [w for w in starts if now < w + JOIN_FRACTION * window_s and not window_sealed(records, w)]
+    open_ = [
+        w
+        for w in starts
+        if now < w + JOIN_FRACTION * window_length(records, w, window_s) and not window_sealed(records, w)
+    ]
     return min(open_) if open_ else None
 
 
@@ -123,6 +167,8 @@ class GroupDecision:
     group_id: str = ""
     skip: int = 0
     """The commit takes revision ``revision + 1 + skip``: the largest skip among the members' records."""
+    window_s: float = 0.0
+    """The window's length (:func:`window_length`): the all-reduce's deadline counts from its end."""
 
 
 def decide_group(join_records: Mapping[str, JoinRecord], now: float, cfg: OuterSyncConfig, me: str) -> GroupDecision:
@@ -138,8 +184,9 @@ def decide_group(join_records: Mapping[str, JoinRecord], now: float, cfg: OuterS
     if mine is None:
         return GroupDecision("no partner", now)
     w = mine.window_start
-    if now < w + cfg.matchmaking_timeout_s and not window_sealed(join_records, w):
-        return GroupDecision("gather", w)
+    length = window_length(join_records, w, cfg.matchmaking_timeout_s)
+    if now < w + length and not window_sealed(join_records, w):
+        return GroupDecision("gather", w, window_s=length)
     members = tuple(sorted(p for p, r in join_records.items() if r.window_start == w))
     members = members[: cfg.max_group_size]
     if me not in members:
@@ -148,7 +195,7 @@ def decide_group(join_records: Mapping[str, JoinRecord], now: float, cfg: OuterS
         return GroupDecision("no partner", w, members)
     skip = max(join_records[p].skip for p in members)
     gid = group_id(mine.fingerprint, mine.revision, mine.state_hash, w, members, skip)
-    return GroupDecision("ready", w, members, gid, skip)
+    return GroupDecision("ready", w, members, gid, skip, length)
 
 
 def live_records(join_records: Mapping[str, JoinRecord], answered: Collection[str], me: str) -> dict[str, JoinRecord]:

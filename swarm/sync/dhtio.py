@@ -16,12 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from protocol.signing import ED25519, Signatures
+from swarm.configs import MAX_WINDOW_FACTOR
 from swarm.membership import Membership
 from swarm.memo import ContentMemo
 from swarm.sync.allreduce import RoundPlan
 from swarm.sync.config import OuterSyncConfig
 from swarm.sync.decide import (
-    JOIN_FRACTION,
     CommitDecision,
     GroupDecision,
     decide_commit,
@@ -31,6 +31,7 @@ from swarm.sync.decide import (
     live_records,
     missing_votes,
     should_close,
+    window_length,
 )
 from swarm.sync.dialhints import DialHints, transport_addrs
 from swarm.sync.hivemind_transport import HivemindRecords
@@ -243,18 +244,29 @@ class SyncRecords:
         revision: int,
         state_hash: str,
         window: float,
+        window_s: float,
         closed: bool = False,
         timeout: float | None = None,
     ) -> JoinRecord:
         now = float(self._clock())
         record = JoinRecord(
-            self.me, self.fingerprint, revision, state_hash, float(window), now, closed, self.skip, self.addrs()
+            self.me,
+            self.fingerprint,
+            revision,
+            state_hash,
+            float(window),
+            now,
+            closed,
+            self.skip,
+            self.addrs(),
+            float(window_s),
         )
         cfg = self.cfg
-        self._store(key, JOIN_KIND, record, cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s + 30.0, timeout)
+        ttl = MAX_WINDOW_FACTOR * cfg.matchmaking_timeout_s + cfg.allreduce_timeout_s + 30.0
+        self._store(key, JOIN_KIND, record, ttl, timeout)
         return record
 
-    def _close(self, key: str, mine: JoinRecord) -> JoinRecord:
+    def _close(self, key: str, mine: JoinRecord, length: float) -> JoinRecord:
         """Mark this peer's record of its window closed (an early close: :func:`should_close`).
 
         The store is cut at the window's normal end, so the close never delays
@@ -262,16 +274,22 @@ class SyncRecords:
         out, others only keep gathering to the normal end, where the members
         are the same.
         """
-        left = mine.window_start + self.cfg.matchmaking_timeout_s - self._clock()
+        left = mine.window_start + length - self._clock()
         self._log(logging.DEBUG, "every expected member joined window %.3f: closing it", mine.window_start)
         return self._join(
-            key, mine.revision, mine.state_hash, mine.window_start, True, min(self.cfg.dht_timeout_s, left)
+            key, mine.revision, mine.state_hash, mine.window_start, length, True, min(self.cfg.dht_timeout_s, left)
         )
 
     def matchmake(
-        self, revision: int, state_hash: str, prober: Prober | None = None, leaving: Callable[[], bool] = lambda: False
+        self,
+        revision: int,
+        state_hash: str,
+        prober: Prober | None = None,
+        leaving: Callable[[], bool] = lambda: False,
+        open_s: float | None = None,
     ) -> GroupDecision:
-        """Join (or open) the earliest open gather window and wait for it to close.
+        """Join (or open, asking for ``open_s`` seconds: :func:`window_for`) the earliest open gather window and
+        wait for it to close.
 
         With a ``prober``, every joiner read is pinged at once, and the group
         is formed only from the joiners that answered (:meth:`_live_group`).
@@ -287,7 +305,10 @@ class SyncRecords:
         key = join_key(self.swarm_id, self.fingerprint, revision, state_hash, self.cfg.compression)
         seen = self._read_joins(key, revision, state_hash)
         window = earliest_open_window(seen, self._clock(), m_s)
-        mine = self._join(key, revision, state_hash, self._clock() if window is None else window)
+        if window is None:
+            mine = self._join(key, revision, state_hash, self._clock(), m_s if open_s is None else open_s)
+        else:
+            mine = self._join(key, revision, state_hash, window, window_length(seen, window, m_s))
         while True:
             if leaving():
                 return GroupDecision("leaving", mine.window_start)
@@ -296,21 +317,23 @@ class SyncRecords:
             if prober is not None:
                 prober.see(seen)
             earlier = earliest_open_window(seen, start, m_s)
-            if earlier is not None and earlier < mine.window_start and start < earlier + JOIN_FRACTION * m_s:
+            length = window_length(seen, mine.window_start, m_s)
+            if earlier is not None and earlier < mine.window_start:
                 self._log(logging.DEBUG, "switching to the earlier window %.3f", earlier)
-                mine = self._join(key, revision, state_hash, earlier)
+                mine = self._join(key, revision, state_hash, earlier, window_length(seen, earlier, m_s))
                 seen[self.me] = mine
-            elif should_close(seen, self.me, expected) and self._clock() < mine.window_start + m_s:
-                mine = seen[self.me] = self._close(key, mine)
+            elif should_close(seen, self.me, expected) and self._clock() < mine.window_start + length:
+                mine = seen[self.me] = self._close(key, mine, length)
             decision = decide_group(seen, start, self.cfg, self.me)
             if decision.status != "gather":
                 self.last_round = frozenset(sorted(seen)[:MAX_EXPECTED])
                 return decision if prober is None else self._live_group(seen, start, mine.window_start, prober)
-            wait = min(self.cfg.poll_s, mine.window_start + m_s - self._clock())
+            wait = min(self.cfg.poll_s, mine.window_start + decision.window_s - self._clock())
             self._sleep(max(0.0, wait))
 
     def _nearby(self, revision: int, state_hash: str, now: float) -> list[str]:
-        """Peers that moved to this state, or to the one this peer matchmade at before, since its last matchmaking.
+        """Peers that moved to this state, or to the one this peer matchmade at before, since its last matchmaking,
+        and peers still at the state this peer left (it moved on since: they come next).
 
         Such a peer arrived during the last round (a slower one that caught up
         after the window was sealed) and comes to this one. A peer whose record
@@ -325,8 +348,11 @@ class SyncRecords:
             self._before, self._here = self._here, here
         self._last_matchmaking = now
         near = {self._here, self._before}
-        fresh = (p for p, r in self.states.items() if (r.revision, r.state_hash) in near and r.created >= since)
-        return sorted(fresh)[:MAX_EXPECTED]
+        fresh = {p for p, r in self.states.items() if (r.revision, r.state_hash) in near and r.created >= since}
+        # still at the state this peer left: a competing group at that parent, whose members learn at their
+        # vote that another group committed first, catch up and come here next (left_behind)
+        behind = {p for p, r in self.states.items() if (r.revision, r.state_hash) == self._before != self._here}
+        return sorted(fresh | behind)[:MAX_EXPECTED]
 
     def _live_group(self, seen: dict[str, JoinRecord], now: float, window: float, prober: Prober) -> GroupDecision:
         """The group of the joiners of ``window`` that answered their ping (waits at most the ping timeout)."""

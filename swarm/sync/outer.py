@@ -1,8 +1,11 @@
 """Fault-tolerant DiLoCo outer sync: never half-applied, never hung.
 
-One round, on every member (M, A, C, S, d = matchmaking_timeout_s,
+One round, on every member (M, A, C, S, d = the window's length,
 allreduce_bound_s, commit_timeout_s, state_bound_s, dht_timeout_s; A and S
-grow with the model's bytes at ``min_link_mbit``):
+grow with the model's bytes at ``min_link_mbit``; M is matchmaking_timeout_s
+unless the window's opener measured slower syncs, at most 3x it:
+:func:`swarm.sync.decide.window_for`, so that a group that lost a race at
+the same parent still finds the next window open after it caught up):
 
 1. Catch-up: read the state records of this architecture; if more trusted
    peers (round partners, peers named to join through) report a newer state
@@ -68,6 +71,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -89,7 +93,7 @@ from swarm.sync.config import (
     SyncReport,
     phase_seconds,
 )
-from swarm.sync.decide import CatchUpRefusal, CommitDecision, GroupDecision, peers_named_in
+from swarm.sync.decide import CatchUpRefusal, CommitDecision, GroupDecision, peers_named_in, window_for
 from swarm.sync.dhtio import SyncRecords
 from swarm.sync.errors import StateDownloadFailed
 from swarm.sync.hivemind_transport import hivemind_net
@@ -111,6 +115,9 @@ BANNED_FOR = (Suspicion.REDUCED_NOT_FINITE, Suspicion.REDUCED_TOO_LARGE, Suspici
 not among them: clipping bounds it already, and an honest member near the bound may be clipped by
 one reducer only, and a ban on one side only splits the group."""
 _SPENT = torch.empty(0)
+
+RECENT_SYNCS = 8
+"""Rounds whose all-reduce seconds set the length of the windows this peer opens (decide.window_for)."""
 """What an :class:`Assembled` holds as its average once the outer step has consumed it."""
 
 
@@ -194,6 +201,8 @@ class OuterSync:
         )
         self._group: tuple[int, tuple[str, ...]] = (-1, ())
         self._marks: dict[SyncPhase, float] = {}
+        self._recent: deque[float] = deque(maxlen=RECENT_SYNCS)
+        """All-reduce seconds of the last rounds that voted: the window this peer opens (window_for)."""
         """When this round's phases began (:meth:`_mark`); the report's ``phases`` come from them."""
         self._vetoes = VetoTally()
         store = journal if journal is not None else journal_path(membership.identity.path)
@@ -375,6 +384,8 @@ class OuterSync:
         )
         report.cause = cause
         report.phases = phase_seconds(self._marks, now)
+        if SyncPhase.VOTE.value in report.phases:  # an all-reduce that finished: a measure of the links
+            self._recent.append(report.phases[SyncPhase.ALLREDUCE.value])
         report.origin = snap.origin
         report.catch_up_refused = {why.value: n for why, n in self.catch_up_refusals.items()}
         return report
@@ -428,7 +439,8 @@ class OuterSync:
         # peer that just caught up contributes the progress it keeps (apply() re-applies it on the new anchor).
         self._records.skip = self._catchup.skip(snap)
         self._mark(SyncPhase.MATCHMAKE)
-        decision = self._records.matchmake(snap.revision, snap.state_hash, self._prober, self._leaving.is_set)
+        open_s = window_for(self.cfg.matchmaking_timeout_s, self._recent)
+        decision = self._records.matchmake(snap.revision, snap.state_hash, self._prober, self._leaving.is_set, open_s)
         if decision.status != "ready":
             self._log(logging.INFO, "%s (window %.2f)", decision.status, decision.window_start)
             if decision.status in ("not in group", "leaving"):
@@ -537,7 +549,7 @@ class OuterSync:
             cfg.compression,
             cfg.aggregator,
             cfg.trim_fraction,
-            decision.window_start + cfg.matchmaking_timeout_s + cfg.allreduce_bound_s(snap.anchor.numel()),
+            decision.window_start + decision.window_s + cfg.allreduce_bound_s(snap.anchor.numel()),
             cfg.clip_factor,
             cfg.max_weight_ratio,
             decision.skip,

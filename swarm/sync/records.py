@@ -10,6 +10,7 @@ replayed under another key, another revision or another peer's name.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
@@ -27,6 +28,8 @@ STATE_KIND = "sync-state"
 MAX_RECORD_BYTES = 1024
 ABORT_DIGEST = "abort"
 MAX_SKIP = 1024
+MAX_WINDOW_S = 3600.0
+"""Largest window length a join record may carry (members clamp far lower: :func:`swarm.sync.decide.window_length`)."""
 """Most revisions a join record may ask its group's commit to skip. A skip must pass every number a dead
 branch may have taken, and a branch can run more than a few revisions past the last one seen; a liar in a group
 inflates numbers by at most this per commit, so revisions (< 2^62) last 2^52 such commits."""
@@ -84,6 +87,9 @@ class JoinRecord:
     addrs: tuple[str, ...] = ()
     """The signer's transport addresses: the joiners a member pings may be known to it only second-hand
     (swarm.sync.dialhints)."""
+    window_s: float = 0.0
+    """The window's length as its opener chose it from its measured sync times (joiners copy it); 0 asks for
+    the configured gather window. Every member clamps it (:func:`swarm.sync.decide.window_length`)."""
     version: int = limits.PROTOCOL_VERSION
 
     def to_wire(self) -> dict[str, Any]:
@@ -98,8 +104,11 @@ class JoinRecord:
             "skip": int,
         }
         spec["addrs"] = (list, tuple)
-        d = _fields(obj, JOIN_KIND, {**_BASE, **spec})
+        d = _fields(obj, JOIN_KIND, {**_BASE, **spec}, {"window_s": float})
         _common(d, JOIN_KIND)
+        window_s = d.get("window_s", 0.0)
+        if not (math.isfinite(window_s) and 0.0 <= window_s <= MAX_WINDOW_S):
+            raise MessageRejected(f"{JOIN_KIND}.window_s: must be a number of seconds in [0, {MAX_WINDOW_S:g}]")
         _hex(d["state_hash"], 64, f"{JOIN_KIND}.state_hash")
         _time(d["window_start"], f"{JOIN_KIND}.window_start")
         if not 0 <= d["skip"] <= MAX_SKIP:

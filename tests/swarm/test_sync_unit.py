@@ -14,6 +14,7 @@ import torch
 from protocol import SigningKey
 from protocol.errors import MessageRejected
 from protocol.signing import seal
+from swarm.configs import MAX_WINDOW_FACTOR
 from swarm.fingerprint import model_fingerprint, sync_fingerprint
 from swarm.memo import ContentMemo
 from swarm.sync import (
@@ -35,6 +36,8 @@ from swarm.sync.decide import (
     live_records,
     missing_votes,
     should_close,
+    window_for,
+    window_length,
     window_sealed,
 )
 from swarm.sync.errors import BadBytes
@@ -42,6 +45,7 @@ from swarm.sync.hivemind_transport import MembershipLoop
 from swarm.sync.outer import fit_momentum
 from swarm.sync.records import (
     JOIN_KIND,
+    MAX_RECORD_BYTES,
     MAX_SKIP,
     STATE_KIND,
     VOTE_KIND,
@@ -89,6 +93,34 @@ def test_decide_group_gathers_until_the_window_closes() -> None:
     recs = {"a": _join("a", 10.0), "b": _join("b", 10.0)}
     assert decide_group(recs, 13.9, CFG, "a").status == "gather"
     assert decide_group(recs, 14.0, CFG, "a").status == "ready"
+
+
+def _asking(peer: str, window: float, window_s: float) -> JoinRecord:
+    return JoinRecord(peer, FP, 0, H0, window, window, window_s=window_s)
+
+
+def test_a_window_lasts_what_its_opener_asked_within_the_clamp() -> None:
+    # opened by a peer whose syncs run slow (window_for): 9 s, not the configured 4
+    recs = {"a": _asking("a", 10.0, 9.0), "b": _asking("b", 10.0, 9.0)}
+    assert decide_group(recs, 18.9, CFG, "a").status == "gather"
+    ready = decide_group(recs, 19.0, CFG, "b")
+    assert (ready.status, ready.window_s) == ("ready", 9.0)
+    assert earliest_open_window(recs, now=16.7, window_s=4.0) == 10.0  # joiners until 10 + 0.75 x 9
+    assert earliest_open_window(recs, now=16.8, window_s=4.0) is None
+    # a stranger asking for 100 s holds its members at most MAX_WINDOW_FACTOR x the configured window
+    greedy = {"a": _asking("a", 10.0, 100.0), "b": _asking("b", 10.0, 100.0)}
+    assert decide_group(greedy, 10.0 + MAX_WINDOW_FACTOR * 4.0, CFG, "a").status == "ready"
+    # one record asking for less brings the configured window back, for every member alike
+    recs["c"] = _asking("c", 10.0, 0.0)
+    assert window_length(recs, 10.0, 4.0) == 4.0 and decide_group(recs, 14.0, CFG, "a").status == "ready"
+
+
+def test_the_window_a_peer_opens_follows_its_recent_allreduces() -> None:
+    assert window_for(4.0, []) == 4.0
+    assert window_for(4.0, [0.45] * 8) == 4.0  # loopback: the configured window
+    assert window_for(4.0, [1.5, 1.6, 1.7]) == 4.8  # 3 x the median
+    assert window_for(4.0, [5.5] * 5 + [0.1] * 3) == 12.0  # 100 ms round trips: clamped to 3 x 4
+    assert window_for(5.0, [2.0, 60.0, 2.2]) == 6.6  # the median: one stall moves nothing
 
 
 def test_every_member_computes_the_same_group() -> None:
@@ -375,7 +407,8 @@ def test_config_bound_and_report_metrics() -> None:
     cfg = OuterSyncConfig(
         matchmaking_timeout_s=1, allreduce_timeout_s=2, commit_timeout_s=3, state_timeout_s=4, dht_timeout_s=1
     )
-    assert cfg.max_sync_seconds(1000) == 1 + 2 + max(3, 1) + 4 + 3 * cfg.ping_timeout_s + 6 * 1 + 1.0
+    window = MAX_WINDOW_FACTOR * 1  # the longest window an opener may ask for
+    assert cfg.max_sync_seconds(1000) == window + 2 + max(3, 1) + 4 + 3 * cfg.ping_timeout_s + 6 * 1 + 1.0
     line = SyncReport(1.0, "p", 3, H0, True, 2, SyncOutcome.COMMITTED, 0.5, 10).to_metrics()
     assert line["event"] == "sync"
     keys = {"time", "peer", "revision", "state_hash", "committed", "group_size", "reason", "cause", "sync_s"}
@@ -435,6 +468,20 @@ def test_records_read_again_are_not_reopened_and_every_context_check_still_runs(
     assert open_records(moved, STATE_KIND, StateRecord.from_wire, lambda r: None, 10.0, memo)[0] == {}
     assert open_records(raw, STATE_KIND, StateRecord.from_wire, lambda r: "old", 10.0, memo)[0] == {}
     assert len(opens) == 21
+
+
+def test_a_join_records_window_length_is_checked_and_may_be_absent() -> None:
+    alice = SigningKey(b"\x01" * 32)
+    a = alice.peer_id
+    asked = JoinRecord(a, FP, 1, H0, 5.0, 5.0, window_s=12.5)
+    assert JoinRecord.from_wire(asked.to_wire()) == asked
+    older = {k: v for k, v in asked.to_wire().items() if k != "window_s"}  # a record from before the field
+    assert JoinRecord.from_wire(older).window_s == 0.0
+    for bad in (-1.0, float("inf"), float("nan"), 1e9, 3):
+        with pytest.raises(MessageRejected, match="window_s"):
+            JoinRecord.from_wire({**asked.to_wire(), "window_s": bad})
+    sealed = seal_record(JOIN_KIND, asked, alice)
+    assert len(sealed) <= MAX_RECORD_BYTES
 
 
 def test_replayed_records_from_another_round_or_kind_are_rejected() -> None:
