@@ -90,10 +90,11 @@ class Member:
         return self.key.peer_id
 
 
-def _model() -> torch.nn.Module:
-    """The same weights on every member (revision 0 is shared), drawn from a generator of its own: the
-    members build theirs on threads at once, and the global generator would interleave their draws."""
-    model = torch.nn.Linear(6, 4)
+def _model(shape: tuple[int, int] = (6, 4)) -> torch.nn.Module:
+    """The same weights on every member of one ``shape`` (revision 0 is shared), drawn from a generator of
+    its own: the members build theirs on threads at once, and the global generator would interleave their
+    draws."""
+    model = torch.nn.Linear(*shape)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
@@ -116,13 +117,14 @@ def _run_member(
     signatures: Signatures = ED25519,
     cfg: OuterSyncConfig = CFG,
     setup: Callable[[OuterSync], None] | None = None,
+    shape: tuple[int, int] = (6, 4),
 ) -> None:
     """Train a little and sync, round after round, as long as ``plan`` says; ``setup`` sees each process's
     sync before its first round (a hostile member's code, say)."""
     identity = Identity(member.key, root / f"{member.name}.key")
     peers = (f"/ip4/127.0.0.1/tcp/4001/p2p/{member.via}",) if member.via else ()
     membership = Membership(identity, MembershipConfig(swarm_id="sim", address_book=False, initial_peers=peers))
-    model = _model()
+    model = _model(shape)
     sync = OuterSync(membership, model, cfg, clock, observe, net, signatures, member.journal)
     gen = torch.Generator().manual_seed(int.from_bytes(member.key.seed[:4], "big") + len(member.restarts))
     step, until = 0, EPOCH + plan.for_s  # a restarted process ends when the first would have
@@ -176,12 +178,15 @@ def simulate(
     ed25519: bool = False,
     cfg: OuterSyncConfig = CFG,
     setups: Mapping[str, Callable[[SimNet, Member], Callable[[OuterSync], None]]] | None = None,
+    cfgs: Mapping[str, OuterSyncConfig] | None = None,
+    shapes: Mapping[str, tuple[int, int]] | None = None,
 ) -> tuple[dict[str, Member], SimNet, float]:
     """Run ``names`` syncing as ``plan`` says with ``faults`` playing beside them; the members, the network
     and the wall seconds it took. A name ``x<y`` joins through ``y``; others through the first name.
     ``ed25519``: records signed with it and journals in files under ``root``, as nodes do. ``cfg``: every
-    member's sync configuration; ``setups``: per member name, what sees each of its processes' syncs before
-    their first round (a hostile member's code, say)."""
+    member's sync configuration (``cfgs``: another for the members named); ``setups``: per member name, what
+    sees each of its processes' syncs before their first round (a hostile member's code, say); ``shapes``:
+    the model of the members named, as (inputs, outputs) of its linear layer (6, 4 unless named)."""
     loop = VirtualLoop()
     members: dict[str, Member] = {}
     for spec in names:
@@ -190,7 +195,7 @@ def simulate(
         members[name] = Member(name, _key(name), _key(via).peer_id if via and via != "-" else "")
         if ed25519:
             members[name].journal = None
-    observers, setups = observers or {}, setups or {}
+    observers, setups, cfgs, shapes = observers or {}, setups or {}, cfgs or {}, shapes or {}
     t0 = time.perf_counter()
 
     async def main() -> SimNet:
@@ -210,8 +215,10 @@ def simulate(
                 observe: Any = observe,
                 sig: Signatures = signatures,
                 setup: Any = setup,
+                own: OuterSyncConfig = cfgs.get(n, cfg),
+                shape: tuple[int, int] = shapes.get(n, (6, 4)),
             ) -> None:
-                _run_member(m, sim, net.clock, root, plan, observe, sig, cfg, setup)
+                _run_member(m, sim, net.clock, root, plan, observe, sig, own, setup, shape)
 
             def restart(m: Member = m, work: Callable[[], None] = work) -> None:
                 net.revive(m.peer)

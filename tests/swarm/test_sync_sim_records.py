@@ -1,0 +1,90 @@
+"""Who meets whom, by the records: fingerprints that keep groups apart, and forged records, on the simulated network.
+
+Members are tests/swarm/test_sync_sim.py's real :class:`OuterSync` instances. Records in the
+simulation are signed by its keyed hash under each signer's own key, so a record one key signs
+for another peer id fails to open exactly as an Ed25519 one does (tests/simnet.py, ``KeyedHash``).
+These ran over real processes before (tests/swarm/test_sync_network.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from protocol import SigningKey
+from protocol.signing import seal
+from swarm.fingerprint import model_fingerprint, sync_fingerprint
+from swarm.sync.records import JOIN_KIND, STATE_KIND, JoinRecord, StateRecord, join_key, state_key
+from swarm.sync.tensors import flatten, state_hash
+from tests.simnet import SimNet
+from tests.swarm.test_sync_sim import CFG, WALL_S, Member, Plan, _histories, _model, simulate
+
+SWARM = "sim"
+"""The swarm id of tests/swarm/test_sync_sim.py's members."""
+
+
+@pytest.mark.parametrize("differ", ["architecture", "outer rule"])
+def test_two_architectures_form_two_groups(tmp_path: Path, differ: str) -> None:
+    """Members whose models differ, or whose outer steps would turn one average into different states, never
+    meet: every round pairs the two members of one kind, and each pair ends on a state of its own (one
+    fingerprint for every model and rule: the kinds read each other's state records, and n1, joined through
+    w1, tries to catch up across them)."""
+    names = ["w1", "w2", "n1", "n2"]
+    shapes = {"n1": (4, 4), "n2": (4, 4)} if differ == "architecture" else {}
+    plain = replace(CFG, outer_lr=1.0, outer_momentum=0.0)  # a node's default: no momentum in its state
+    cfgs = {"n1": plain, "n2": plain} if differ == "outer rule" else {}
+    members, net, wall = simulate(tmp_path, names, Plan(rounds=2, train_s=0.2), cfgs=cfgs, shapes=shapes)
+    print(f"two kinds ({differ}): {wall:.3f} s wall\n" + "\n".join(net.trace))
+    w1, w2, n1, n2 = (members[n] for n in names)
+    for m in members.values():
+        shown = [(r.committed, r.group_size, r.cause) for r in m.reports]
+        print(m.name, shown)
+        assert [r.group_size for r in m.reports] == [2, 2], shown
+        assert all(r.committed for r in m.reports), shown
+    assert w1.states[-1] == w2.states[-1] and n1.states[-1] == n2.states[-1]
+    assert {r.group_id for r in w1.reports}.isdisjoint({r.group_id for r in n1.reports})
+    assert all(len(h) == 1 for h in _histories([w1, w2]).values())
+    assert all(len(h) == 1 for h in _histories([n1, n2]).values())
+    assert wall < 2 * WALL_S
+
+
+def test_forged_records_are_rejected(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Mallory, on the network before anyone syncs, overwrites both members' state records (as they published
+    them at start) with ones claiming revision 50 that she signed herself, and slips a join record for a peer
+    that does not exist into their gather window. Both members ignore all of it: no catch-up, and groups of
+    exactly the two of them (with signatures unchecked, they find no partner)."""
+    model = _model()
+    n = sum(p.numel() for p in model.parameters())
+    fp = sync_fingerprint(model_fingerprint(model), CFG.rule())
+    h0 = state_hash(flatten(model), torch.zeros(CFG.momentum_elems(n)))
+    mallory = SigningKey(hashlib.sha256(b"mallory").digest())
+
+    async def forge(net: SimNet, members: dict[str, Member]) -> None:
+        net.add("mallory")
+        victims = {m.peer for m in members.values()}
+        while not victims <= set(net.read("mallory", state_key(SWARM, fp))):
+            await asyncio.sleep(0.001)  # their own records first: hers, stored later, outlive them (overwrite)
+        now, sig = net.clock(), net.signatures
+        for victim in (m.peer for m in members.values()):
+            forged = seal(STATE_KIND, StateRecord(victim, fp, 50, "f" * 64, now), mallory, sig)
+            net.put("mallory", state_key(SWARM, fp), victim, forged, 600.0)
+        ghost = SigningKey(hashlib.sha256(b"ghost").digest()).peer_id
+        forged_join = seal(JOIN_KIND, JoinRecord(ghost, fp, 0, h0, now, now), mallory, sig)
+        net.put("mallory", join_key(SWARM, fp, 0, h0), ghost, forged_join, 600.0)
+
+    with caplog.at_level(logging.DEBUG, logger="swarm.sync"):
+        members, net, wall = simulate(tmp_path, ["a", "b"], Plan(rounds=2, train_s=0.2), forge)
+    print(f"forged records: {wall:.3f} s wall\n" + "\n".join(net.trace))
+    a, b = members["a"], members["b"]
+    for m in (a, b):
+        got = [(r.committed, r.group_size, r.caught_up) for r in m.reports]
+        assert got == [(True, 2, False)] * 2, [(r.cause, r.outcome, r.catch_up_refused) for r in m.reports]
+    assert a.states[-1] == b.states[-1]
+    assert any("bad signature" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert wall < WALL_S
