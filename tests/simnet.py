@@ -756,3 +756,43 @@ async def joined(threads: Sequence[threading.Thread]) -> None:
     """Wait (on the loop) until every thread ended; the clock runs while they block."""
     while any(t.is_alive() for t in threads):
         await asyncio.sleep(0.5)
+
+
+class SimThread(threading.Thread):
+    """A thread that a member's own code starts (a sync runner's sync thread): it counts as computing while it
+    runs, as :func:`start_thread`'s do, so the clock stands still until it waits on the network. Started from
+    a member thread (counted already): the two compute side by side until one of them calls into the loop,
+    so a scenario with such threads is not replayed event for event. A thread of a crashed member ends
+    quietly. ``join`` with a timeout from another member thread would block that thread while it counts as
+    computing (the loop would wait for it): poll ``is_alive`` across the network's sleeps instead."""
+
+    def __init__(self, loop: VirtualLoop, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sim_loop = loop
+
+    def start(self) -> None:
+        self._sim_loop.begin()
+        try:
+            super().start()
+        except BaseException:
+            self._sim_loop.end()
+            raise
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Crashed:
+            pass
+        finally:
+            self._sim_loop.end()
+
+
+@dataclass(frozen=True)
+class SimThreading:
+    """What a module that starts threads takes of ``threading`` (``Thread``), its threads :class:`SimThread`s:
+    patched in as that module's ``threading`` for a simulation on ``loop``."""
+
+    loop: VirtualLoop
+
+    def Thread(self, *args: Any, **kwargs: Any) -> SimThread:  # threading.Thread's name
+        return SimThread(self.loop, *args, **kwargs)
