@@ -1,6 +1,6 @@
 """Catch-up trusts evidence, not claims: who vouches for a state, and whether its bytes are plausible.
 
-Decisions and checks without the network; the real-process attack is tests/swarm/test_sync_attacks_catchup.py.
+Decisions and checks without the network; the attack on the simulated network is tests/swarm/test_sync_sim_records.py.
 """
 
 from __future__ import annotations

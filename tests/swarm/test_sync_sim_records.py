@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,9 +21,11 @@ import torch
 from protocol import SigningKey
 from protocol.signing import seal
 from swarm.fingerprint import model_fingerprint, sync_fingerprint
-from swarm.sync.records import JOIN_KIND, STATE_KIND, JoinRecord, StateRecord, join_key, state_key
+from swarm.sync import OuterSync
+from swarm.sync.allreduce import Snapshot, SyncService
+from swarm.sync.records import JOIN_KIND, STATE_KIND, JoinRecord, StateRecord, join_key, seal_record, state_key
 from swarm.sync.tensors import flatten, state_hash
-from tests.simnet import SimNet
+from tests.simnet import SimNet, SimStreams
 from tests.swarm.test_sync_sim import CFG, WALL_S, Member, Plan, _histories, _model, simulate
 
 SWARM = "sim"
@@ -88,3 +91,71 @@ def test_forged_records_are_rejected(tmp_path: Path, caplog: pytest.LogCaptureFi
     assert a.states[-1] == b.states[-1]
     assert any("bad signature" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert wall < WALL_S
+
+
+FAKE_REVISION = 1_000_000
+
+
+def test_a_forged_revision_claimed_by_many_keys_is_not_adopted(tmp_path: Path) -> None:
+    """Once a and b committed revision 2, Mallory signs state records with five fresh keys (her own among them)
+    vouching for a made-up state at revision 1,000,000, and serves its made-up anchor on the sync's stream
+    handler. a and b keep their own history (none of them is a trusted peer: they count the claim as refused),
+    and a late joiner, through a, still catches up to the honest group (trust off: the fake's distance from
+    their anchors still keeps a and b, but the late joiner, torn between a's claim and five, never catches up).
+    """
+    model = _model()
+    n = sum(p.numel() for p in model.parameters())
+    initial = flatten(model)
+    fp = sync_fingerprint(model_fingerprint(model), CFG.rule())
+    anchor = 0.1 * torch.randn(n, generator=torch.Generator().manual_seed(666))  # a made-up model's scale
+    fake = Snapshot(FAKE_REVISION, state_hash(anchor, torch.zeros(n)), anchor, torch.zeros(n))
+    vouched: list[float] = []
+    syncs: dict[str, OuterSync] = {}
+
+    def keep(net: SimNet, m: Member) -> Callable[[OuterSync], None]:
+        def setup(sync: OuterSync) -> None:
+            syncs[m.name] = sync
+            if m.name == "late":  # a late joiner: it starts syncing once the forged claim is out
+                while not vouched:
+                    sync._net.loop.sleep(0.1)
+
+        return setup
+
+    async def vouch(net: SimNet, members: dict[str, Member]) -> None:
+        mallory = SigningKey(hashlib.sha256(b"mallory").digest())
+        net.add(mallory.peer_id)
+        streams = SimStreams(net, mallory.peer_id)
+        service = SyncService(streams, f"{SWARM}.sync.{fp}", mallory.peer_id, 2.0, lambda: fake, net.clock)
+        await service.start()
+        a, b = members["a"], members["b"]
+        while not all(any(r.committed and r.revision == 2 for r in m.reports) for m in (a, b)):
+            await asyncio.sleep(0.05)
+        keys = [SigningKey(hashlib.sha256(f"sybil-{i}".encode()).digest()) for i in range(4)] + [mallory]
+        for i, key in enumerate(keys):  # Mallory's own record the freshest
+            record = StateRecord(key.peer_id, fp, FAKE_REVISION, fake.state_hash, net.clock() + 0.001 * i)
+            sealed = seal_record(STATE_KIND, record, key, net.signatures)
+            net.put(mallory.peer_id, state_key(SWARM, fp), key.peer_id, sealed, 600.0)
+        vouched.append(net.clock())
+
+    setups = {name: keep for name in ("a", "b", "late")}
+    members, net, wall = simulate(tmp_path, ["a", "b", "late"], Plan(rounds=6, train_s=0.2), vouch, setups=setups)
+    print(f"forged revision: {wall:.3f} s wall\n" + "\n".join(net.trace))
+    a, b, late = members["a"], members["b"], members["late"]
+    for m in members.values():
+        print(m.name, [(r.revision, r.committed, r.caught_up, r.catch_up_refused) for r in m.reports])
+    served = [syncs[name].state_dict() for name in ("a", "b", "late")]  # what each serves a catching-up peer
+    distances = [float((s["anchor"] - fake.anchor).norm() / fake.anchor.norm()) for s in served]
+    print(f"relative distance to the fake anchor (a, b, late): {[round(d, 4) for d in distances]}")
+    assert min(distances) > 1.0, distances
+    assert all(s["revision"] < 100 for s in served), [s["revision"] for s in served]
+    assert all(bool((s["anchor"] - initial).norm() > 0) for s in served)  # an honest history went on
+    for m in (a, b):
+        assert not any(r.caught_up for r in m.reports), m.reports
+        committed = [r.revision for r in m.reports if r.committed]
+        assert committed == list(range(1, len(committed) + 1)) and len(committed) >= 4, m.reports
+        assert m.reports[-1].catch_up_refused.get("claimed by no trusted peer", 0) > 0, m.reports[-1]  # counted
+    assert a.states[-1] == b.states[-1]  # a and b still share one history
+    first = late.reports[0]
+    assert first.caught_up and 2 <= first.revision < 100, first
+    assert first.state_hash in _histories([a, b])[first.revision], first
+    assert wall < 2 * WALL_S
