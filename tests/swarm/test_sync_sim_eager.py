@@ -289,3 +289,28 @@ def test_uneven_peers_on_a_shared_clock_commit_together_and_lose_no_work(
     assert len(deviations) >= 8 and max(deviations) < 1e-4, deviations
     assert max(lost.values()) < 1e-4, lost
     assert wall < 10 * WALL_S  # ~1,000 step boundaries of three members: seconds, not the 64 virtual
+
+
+def test_a_peer_that_trains_twice_the_steps_counts_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three eager members on a 2 s shared clock; c steps twice as fast: every committed average is the
+    step-weighted mean of the parts, not the plain mean (weights off: every part counts 1)."""
+    cfg = replace(CFG, eager=True, sync_period_s=PERIOD, matchmaking_timeout_s=1.0, aggregator="mean")
+    workers = [Worker("a", 0.1, 1), Worker("b", 0.1, 2), Worker("c", 0.05, 3)]
+
+    def five_commits_of_c(ws: dict[str, Worker]) -> bool:
+        return sum(s.report.committed for s in ws["c"].syncs) >= 5
+
+    got, _, wall = _eager(tmp_path, monkeypatch, workers, cfg, lambda ws: [lambda: True] * 3, five_commits_of_c)
+    peers = list(got.values())
+    _one_hash_per_revision(peers)
+    deviations = _averages_match_members(peers)
+    by_revision: dict[int, dict[str, int]] = {}
+    for w in peers:
+        for s in w.syncs:
+            if s.report.committed:
+                by_revision.setdefault(s.report.revision, {})[w.name] = s.weight
+    ratios = [ws["c"] / ws["a"] for ws in by_revision.values() if len(ws) == 3 and ws["a"]]
+    print(f"c/a weights {[round(x, 2) for x in ratios]}; vs the step-weighted mean: max {max(deviations):.2e}")
+    assert len(deviations) >= 4 and max(deviations) < 1e-4, deviations
+    assert sum(x >= 1.5 for x in ratios) >= 3, ratios  # c did train ~2x the steps in most rounds
+    assert wall < 5 * WALL_S
