@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -21,9 +22,18 @@ import torch
 from protocol import SigningKey
 from protocol.signing import seal
 from swarm.fingerprint import model_fingerprint, sync_fingerprint
-from swarm.sync import OuterSync
+from swarm.sync import OuterSync, SyncReport
 from swarm.sync.allreduce import Snapshot, SyncService
-from swarm.sync.records import JOIN_KIND, STATE_KIND, JoinRecord, StateRecord, join_key, seal_record, state_key
+from swarm.sync.records import (
+    JOIN_KIND,
+    STATE_KIND,
+    JoinRecord,
+    StateRecord,
+    join_key,
+    open_records,
+    seal_record,
+    state_key,
+)
 from swarm.sync.tensors import flatten, state_hash
 from tests.simnet import SimNet, SimStreams
 from tests.swarm.test_sync_sim import CFG, WALL_S, Member, Plan, _histories, _model, simulate
@@ -94,6 +104,8 @@ def test_forged_records_are_rejected(tmp_path: Path, caplog: pytest.LogCaptureFi
 
 
 FAKE_REVISION = 1_000_000
+ROUNDS = 15
+"""Syncs of each member in the takeover (the daemon test's: 60 steps, a sync every 4)."""
 
 
 def test_a_forged_revision_claimed_by_many_keys_is_not_adopted(tmp_path: Path) -> None:
@@ -159,3 +171,86 @@ def test_a_forged_revision_claimed_by_many_keys_is_not_adopted(tmp_path: Path) -
     assert first.caught_up and 2 <= first.revision < 100, first
     assert first.state_hash in _histories([a, b])[first.revision], first
     assert wall < 2 * WALL_S
+
+
+def test_a_partner_claiming_a_far_revision_moves_no_honest_anchor(tmp_path: Path) -> None:
+    """m syncs honestly with a and b until its first commit, so both trust it as a partner. Then it stops
+    syncing, signs a state record one revision past every honest peer's (followed on its word: contested while
+    the other partner reports the same state, lone when nobody else is ahead), and serves a made-up state that
+    claims revision +1,000,000. The distance bound of a catch-up is the vouched target's, capped by each
+    member's own pace, so neither a nor b takes its anchor: they sync on as a pair, refusing every claim
+    (the downloaded state's checks off: both adopt it and train on from it, 0.15 of its norm away)."""
+    hijacked: list[Snapshot] = []
+    syncs: dict[str, OuterSync] = {}
+
+    def keep(net: SimNet, m: Member) -> Callable[[OuterSync], None]:
+        return lambda sync: syncs.__setitem__(m.name, sync)
+
+    def take_over(net: SimNet, m: Member) -> Callable[[OuterSync], None]:
+        def setup(sync: OuterSync) -> None:
+            honest = sync.sync_now
+            last: list[SyncReport] = []
+
+            def sync_now(inner_step: int | None = None) -> SyncReport:
+                if hijacked:  # it only serves its made-up state now
+                    return last[-1]
+                last.append(honest(inner_step))
+                if last[-1].committed:
+                    snap = sync._snap
+                    n = snap.anchor.numel()
+                    anchor = 0.1 * torch.randn(n, generator=torch.Generator().manual_seed(666))
+                    momentum = torch.zeros(snap.momentum.numel())
+                    revision = snap.revision + FAKE_REVISION
+                    fake = Snapshot(revision, state_hash(anchor, momentum, snap.origin), anchor, momentum, snap.origin)
+                    sync._snap = fake  # what its sync service serves from now on
+                    hijacked.append(fake)
+                return last[-1]
+
+            sync.sync_now = sync_now  # type: ignore[method-assign]  # an attacker runs whatever code it likes
+
+        return setup
+
+    claims: list[int] = []
+
+    async def claim(net: SimNet, members: dict[str, Member]) -> None:
+        """Once m turned: a state record one revision past every honest peer's, again whenever they move."""
+        m = members["m"]
+        while not hijacked:
+            await asyncio.sleep(0.05)
+        fp = syncs["a"].fingerprint
+        key = state_key(SWARM, fp)
+        while not all(len(members[name].reports) >= ROUNDS for name in "ab"):
+            raw = net.read(m.peer, key)
+            states, _ = open_records(
+                raw, STATE_KIND, StateRecord.from_wire, lambda r: None, net.clock(), None, net.signatures
+            )
+            honest = [r.revision for p, r in states.items() if p != m.peer and r.revision < FAKE_REVISION]
+            ahead = max(honest, default=0) + 1
+            if not claims or claims[-1] != ahead:  # one record just past theirs: the state it "moved on" from
+                record = StateRecord(m.peer, fp, ahead, os.urandom(32).hex(), net.clock(), hijacked[0].origin)
+                net.put(m.peer, key, m.peer, seal_record(STATE_KIND, record, m.key, net.signatures), 600.0)
+                claims.append(ahead)
+            await asyncio.sleep(0.1)
+
+    setups = {"a": keep, "b": keep, "m": take_over}
+    members, _, wall = simulate(tmp_path, ["a", "b", "m"], Plan(rounds=ROUNDS, train_s=0.2), claim, setups=setups)
+    print(f"takeover: {wall:.3f} s wall; claims {claims}")
+    a, b, m = members["a"], members["b"], members["m"]
+    for x in (a, b, m):
+        print(x.name, [(r.revision, r.committed, r.group_size, r.catch_up_refused) for r in x.reports])
+    fake = hijacked[0]
+    served = [syncs[name].state_dict() for name in "ab"]  # what each serves a catching-up peer
+    distances = [float((s["anchor"] - fake.anchor).norm() / fake.anchor.norm()) for s in served]
+    print(f"relative distance of a's and b's anchors to the made-up one: {[round(d, 4) for d in distances]}")
+    mine = [r for r in m.reports if r.committed]
+    assert len(mine) >= 1 and mine[0].group_size == 3, mine  # it was a partner of an honest round
+    assert claims, "m published no claim"
+    assert min(distances) > 0.5, distances
+    assert all(s["revision"] < FAKE_REVISION for s in served)
+    assert all(r.state_hash != fake.state_hash for x in (a, b) for r in x.reports), "a member took its state"
+    turned = mine[0].time
+    assert all(sum(r.committed and r.time > turned for r in x.reports) >= 2 for x in (a, b))  # on without it
+    assert all(len(h) == 1 for h in _histories([a, b]).values())
+    assert a.states[-1] == b.states[-1]
+    assert max(sum(x.reports[-1].catch_up_refused.values()) for x in (a, b)) > 0  # its claim read and refused
+    assert wall < 3 * WALL_S
