@@ -246,7 +246,7 @@ class NodeView:
         self.totals["sync_bytes"] += int(ev.get("bytes_sent") or 0)
         if ev.get("committed"):
             self.totals["sync_committed"] += 1
-        elif ev.get("reason") == "no partner":  # nobody to sync with is not a failed round
+        elif ev.get("reason") in ("no partner", "yielded"):  # nobody to sync with, or a group under way
             self.totals["sync_no_partner"] += 1
         else:  # the cause; files written before causes existed carry it in the reason
             self.sync_aborted[str(ev.get("cause") or ev.get("reason") or "unknown")] += 1

@@ -26,6 +26,9 @@ class SyncOutcome(StrEnum):
     COMMITTED = "committed"
     NO_PARTNER = "no partner"
     ABORTED = "aborted"
+    YIELDED = "yielded"
+    """A group of this peer's history was already under way from its state: it waits for that commit and
+    catches up (:func:`swarm.sync.decide.running_window`) rather than start a group that would lose."""
 
 
 class SyncPhase(StrEnum):

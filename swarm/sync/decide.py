@@ -101,6 +101,34 @@ def earliest_open_window(records: Mapping[str, JoinRecord], now: float, window_s
     return min(open_) if open_ else None
 
 
+def running_window(
+    records: Mapping[str, JoinRecord], now: float, base_s: float, me: str, trusted: Collection[str], min_size: int
+) -> float | None:
+    """The start of a window at this key whose group is under way without ``me``, or None.
+
+    Such a window is closed to joiners (sealed, or past ``JOIN_FRACTION`` of its length), names at least
+    ``min_size`` members, one of them a peer ``me`` trusts (a partner of its history: a minted key's window
+    counts for nothing), not ``me``, and is younger than twice its length. Its group will most likely commit
+    the next revision from this parent first; a group ``me`` opened now would then be superseded at its
+    vote, and at 100 ms round trips one that lost once lost every round after (it caught up only after the
+    winners' next window had closed). So ``me`` waits for that commit and catches up instead.
+
+    >>> r = {p: JoinRecord(p, "0" * 16, 0, "0" * 64, 10.0, 10.0) for p in "ab"}
+    >>> running_window(r, 13.9, 4.0, "c", {"a"}, 2), running_window(r, 12.0, 4.0, "c", {"a"}, 2)
+    (10.0, None)
+    >>> running_window(r, 13.9, 4.0, "c", set(), 2), running_window(r, 18.0, 4.0, "c", {"a"}, 2)
+    (None, None)
+    """
+    for w in sorted({r.window_start for r in records.values()}):
+        members = {p for p, r in records.items() if r.window_start == w}
+        length = window_length(records, w, base_s)
+        closed = window_sealed(records, w) or now >= w + JOIN_FRACTION * length
+        young = now < w + 2 * length
+        if closed and young and me not in members and len(members) >= min_size and members & set(trusted):
+            return w
+    return None
+
+
 def window_sealed(records: Mapping[str, JoinRecord], window: float) -> bool:
     """Whether some record names ``window`` and every record naming it is closed.
 
@@ -159,7 +187,8 @@ def group_id(
 
 @dataclass(frozen=True)
 class GroupDecision:
-    """``status`` is "gather" (window still open), "ready", "no partner" or "not in group"."""
+    """``status`` is "gather" (window still open), "ready", "no partner", "not in group" or "yielded" (another
+    group at this parent is under way: :func:`running_window`)."""
 
     status: str
     window_start: float

@@ -30,6 +30,7 @@ from swarm.sync.decide import (
     expected_members,
     live_records,
     missing_votes,
+    running_window,
     should_close,
     window_length,
 )
@@ -56,6 +57,8 @@ from swarm.sync.vetoes import vetoers
 
 logger = logging.getLogger(__name__)
 
+YIELD_POLL_S = 0.5
+"""How often a member that yielded to a running group reads state records for its commit."""
 ADDRS_REFRESH_S = 60.0
 """How often a peer re-reads its own addresses for its records (a relayed one comes minutes after start)."""
 MAX_EXPECTED = 256
@@ -287,6 +290,7 @@ class SyncRecords:
         prober: Prober | None = None,
         leaving: Callable[[], bool] = lambda: False,
         open_s: float | None = None,
+        trusted: frozenset[str] = frozenset(),
     ) -> GroupDecision:
         """Join (or open, asking for ``open_s`` seconds: :func:`window_for`) the earliest open gather window and
         wait for it to close.
@@ -304,7 +308,15 @@ class SyncRecords:
         expected = expected_members(self.last_round, self.me, self._nearby(revision, state_hash, self._clock()))
         key = join_key(self.swarm_id, self.fingerprint, revision, state_hash, self.cfg.compression)
         seen = self._read_joins(key, revision, state_hash)
-        window = earliest_open_window(seen, self._clock(), m_s)
+        now = self._clock()
+        window = earliest_open_window(seen, now, m_s)
+        least = self.cfg.min_group_size
+        running = None if window is not None else running_window(seen, now, m_s, self.me, trusted, least)
+        if running is not None:  # a group of this history is under way from here: wait for its commit instead
+            members = tuple(sorted(p for p, r in seen.items() if r.window_start == running))
+            until = min(running + 2 * window_length(seen, running, m_s), now + MAX_WINDOW_FACTOR * m_s)
+            self._await_commit_of(revision, trusted, until, leaving)
+            return GroupDecision("yielded", running, members)
         if window is None:
             mine = self._join(key, revision, state_hash, self._clock(), m_s if open_s is None else open_s)
         else:
@@ -330,6 +342,17 @@ class SyncRecords:
                 return decision if prober is None else self._live_group(seen, start, mine.window_start, prober)
             wait = min(self.cfg.poll_s, mine.window_start + decision.window_s - self._clock())
             self._sleep(max(0.0, wait))
+
+    def _await_commit_of(
+        self, revision: int, trusted: frozenset[str], until: float, leaving: Callable[[], bool]
+    ) -> None:
+        """Wait, reading state records, until a trusted peer reports a revision past ``revision`` (the running
+        group committed: the next round's catch-up takes its state), ``until``, or the leave signal. Within a
+        full window's time (``until``), so the round stays within its bound."""
+        while not leaving() and self._clock() < until:
+            if any(r.revision > revision for p, r in self.read_states().items() if p in trusted):
+                return
+            self._sleep(max(0.0, min(YIELD_POLL_S, until - self._clock())))
 
     def _nearby(self, revision: int, state_hash: str, now: float) -> list[str]:
         """Peers that moved to this state, or to the one this peer matchmade at before, since its last matchmaking,

@@ -440,7 +440,13 @@ class OuterSync:
         self._records.skip = self._catchup.skip(snap)
         self._mark(SyncPhase.MATCHMAKE)
         open_s = window_for(self.cfg.matchmaking_timeout_s, self._recent)
-        decision = self._records.matchmake(snap.revision, snap.state_hash, self._prober, self._leaving.is_set, open_s)
+        decision = self._records.matchmake(
+            snap.revision, snap.state_hash, self._prober, self._leaving.is_set, open_s, self._catchup.trusted()
+        )
+        if decision.status == "yielded":
+            self._log(logging.INFO, "a group of %d is under way from this state (window %.2f): waiting for its "
+                      "commit", len(decision.members), decision.window_start)  # fmt: skip
+            return self._report(t0, None, 0, 0, caught_up, outcome=SyncOutcome.YIELDED)
         if decision.status != "ready":
             self._log(logging.INFO, "%s (window %.2f)", decision.status, decision.window_start)
             if decision.status in ("not in group", "leaving"):

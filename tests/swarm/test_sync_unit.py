@@ -35,6 +35,7 @@ from swarm.sync.decide import (
     group_id,
     live_records,
     missing_votes,
+    running_window,
     should_close,
     window_for,
     window_length,
@@ -113,6 +114,18 @@ def test_a_window_lasts_what_its_opener_asked_within_the_clamp() -> None:
     # one record asking for less brings the configured window back, for every member alike
     recs["c"] = _asking("c", 10.0, 0.0)
     assert window_length(recs, 10.0, 4.0) == 4.0 and decide_group(recs, 14.0, CFG, "a").status == "ready"
+
+
+def test_a_member_yields_to_a_group_under_way_from_its_state_only_if_a_partner_is_in_it() -> None:
+    under_way = {p: _join(p, 10.0) for p in "ab"}  # closed to joiners from 13.0 (4 s window)
+    assert running_window(under_way, 13.0, 4.0, "c", {"a"}, 2) == 10.0
+    assert running_window(under_way, 12.9, 4.0, "c", {"a"}, 2) is None  # still open: join it instead
+    assert running_window(under_way, 18.0, 4.0, "c", {"a"}, 2) is None  # twice its length: it failed
+    assert running_window(under_way, 13.0, 4.0, "a", {"b"}, 2) is None  # its own (aborted) window
+    assert running_window(under_way, 13.0, 4.0, "c", {"a"}, 3) is None  # too few to be a group
+    # minted keys' windows, however many, hold nobody back: none of them is a partner
+    minted = {f"k{i}": _join(f"k{i}", 10.0) for i in range(50)}
+    assert running_window(minted, 13.0, 4.0, "c", {"a"}, 2) is None
 
 
 def test_the_window_a_peer_opens_follows_its_recent_allreduces() -> None:
