@@ -12,18 +12,25 @@ real processes before (tests/sync_worker.py ``--poison``, ``--claim-steps``, ``-
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
-from swarm.sync import OuterSync, OuterSyncConfig, SyncReport
+import swarm.sync.allreduce as allreduce
+import swarm.sync.assemble as assemble_module
+import swarm.sync.outer as outer
+import swarm.sync.pieces as pieces
+from swarm.sync import AbortCause, OuterSync, OuterSyncConfig, SyncReport
 from swarm.sync.job import SyncJob
 from swarm.sync.tensors import flatten, load_flat
 from tests.simnet import SimNet
-from tests.swarm.test_sync_sim import CFG, WALL_S, Member, Plan, _histories, simulate
+from tests.swarm.test_sync_sim import CFG, WALL_S, Member, Plan, _histories, _key, _model, simulate
 
 ROUNDS = 3
 """Syncs of each member (the daemon tests': 12 steps, a sync every 4)."""
@@ -202,4 +209,105 @@ def test_a_member_claiming_a_billion_steps_counts_as_the_cap(tmp_path: Path) -> 
     assert len(shares) >= 2, shares
     assert all(s <= cap + 1e-4 for s, cap in zip(shares, caps, strict=True)), (shares, caps)
     assert max(caps) < 0.7  # as much as one peer that trained 4x the median, not the ~1.0 of its claim
+    _honest_state(members)
+
+
+def _lying_reducer(
+    monkeypatch: pytest.MonkeyPatch, liar: str, lie: Callable[[int, int, int], np.ndarray], own_checks: bool
+) -> None:
+    """``liar``'s reducer returns ``lie(slice start, piece start, piece end)`` for each piece of its slice, the
+    others reducing honestly (its patch names it: the members share one process); without ``own_checks`` its
+    sync passes whatever average it gets (an attacker runs whatever code it likes)."""
+    honest_init, honest_reduce, honest_piece = (
+        allreduce._Round.__init__,
+        pieces.SliceReduction._reduce,
+        pieces.reduce_piece,
+    )
+    honest_assemble, honest_next = assemble_module.assemble, assemble_module.next_state
+    starts: dict[int, int] = {}
+
+    def init(self: Any, plan: Any, index: int, me: str, dest: Any, remaining: Any) -> None:
+        honest_init(self, plan, index, me, dest, remaining)
+        if me == liar:
+            starts[id(self.red)] = plan.bounds()[index][0]
+
+    def reduce(self: Any, k: int) -> None:
+        if self.me != liar:
+            return honest_reduce(self, k)
+        a, b = self.pieces[k]
+        pieces.reduce_piece = lambda *_: lie(starts.get(id(self), 0), a, b)
+        try:
+            return honest_reduce(self, k)
+        finally:
+            pieces.reduce_piece = honest_piece
+
+    def mine() -> bool:  # the liar's sync runs on its own member thread (tests/simnet.py's start_thread)
+        return threading.current_thread().name == f"sim-{liar[-6:]}"
+
+    def assemble(*args: Any, **kwargs: Any) -> Any:
+        got = honest_assemble(*args, **kwargs)
+        return replace(got, suspects={}, refusal=None) if mine() and not own_checks else got
+
+    def next_state(*args: Any, **kwargs: Any) -> Any:
+        new, problem, bound = honest_next(*args, **kwargs)
+        return (new, None, bound) if mine() and not own_checks else (new, problem, bound)
+
+    monkeypatch.setattr(allreduce._Round, "__init__", init)
+    monkeypatch.setattr(pieces.SliceReduction, "_reduce", reduce)
+    monkeypatch.setattr(outer, "assemble", assemble)
+    monkeypatch.setattr(outer, "next_state", next_state)
+
+
+def test_lying_reducer_is_refused_then_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """m reduces its slice to huge noise: every honest member votes abort (nobody applies it), names m, then
+    matches without it, committing the honest mean (slice check off: the noise is committed)."""
+    liar = _key("m").peer_id
+    noise = 1e6 * torch.randn(1 << 12, generator=torch.Generator().manual_seed(5)).numpy()
+    _lying_reducer(monkeypatch, liar, lambda lo, a, b: noise[a:b].copy(), own_checks=True)
+    members, dumps = _run(tmp_path, CFG)
+    first = [dumps.by_member[n][0].report for n in "ab"]
+    assert all(not r.committed and r.cause is AbortCause.REFUSED for r in first), first
+    assert all(r.revision == 0 for r in first)  # rolled back everywhere: nobody applied it
+    assert all(r.suspects.get(liar, "").startswith("reduced slice") for r in first), first
+    later = [d.report for n in "ab" for d in dumps.by_member[n][1:]]
+    assert later and all(r.committed and r.group_size == 2 for r in later), later
+    deviations = _deviations(dumps)
+    assert len(deviations) == ROUNDS - 1 and max(deviations) < 1e-5, deviations
+    assert not any(r.committed for r in members["m"].reports)
+    _honest_state(members)
+
+
+SHRINK = 0.45
+"""The shrinking reducer returns this x its slice of the anchor as the average (inside the old 0.5 floor)."""
+
+
+def test_a_reducer_shrinking_its_slice_fails_every_round_and_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """m, as reducer of its slice, returns 0.45 x that slice of the anchor as the average and votes for it
+    (its own checks off). Each honest member judges a reduced slice by its own evidence (its part, its recent
+    parts, the averages it committed), so every round m is in fails at both, who name it and leave it out;
+    the pair syncs on and its anchor keeps >0.8 of each third's norm (old floor: 6 of 6 committed, 0.03)."""
+    liar = _key("m").peer_id
+    anchor: list[torch.Tensor] = []
+
+    def keep_anchor(net: SimNet, m: Member) -> Callable[[OuterSync], None]:
+        return lambda sync: anchor.append(sync._snap.anchor)  # the liar's (revision 0: never moves)
+
+    _lying_reducer(monkeypatch, liar, lambda lo, a, b: (SHRINK * anchor[0][lo + a : lo + b]).numpy(), own_checks=False)
+    dumps = Dumps()
+    setups = {"a": _member(dumps, CFG), "b": _member(dumps, CFG), "m": keep_anchor}
+    members, _, wall = simulate(tmp_path, ["a", "b", "m"], Plan(rounds=10, train_s=0.2), setups=setups)
+    with_it = {n: [d.report for d in dumps.by_member[n] if d.report.group_size == 3] for n in "ab"}
+    pairs = {n: [d.report for d in dumps.by_member[n] if d.report.committed and d.report.group_size == 2] for n in "ab"}
+    initial = flatten(_model())
+    a_anchor = members["a"].checkpoint[0]["anchor"] if members["a"].checkpoint else initial
+    thirds = [(x.norm() / y.norm()).item() for x, y in zip(a_anchor.chunk(3), initial.chunk(3), strict=True)]
+    print(f"thirds of a's anchor over the initial weights': {[round(t, 4) for t in thirds]}; {wall:.3f} s wall")
+    assert all(v for v in with_it.values()), "m never joined a group: nothing was tested"
+    assert not any(r.committed for v in with_it.values() for r in v), with_it
+    assert all(r.suspects.get(liar) == "reduced slice too large" for v in with_it.values() for r in v), with_it
+    assert all(len(v) <= 3 for v in with_it.values()), with_it  # left out within 3 rounds
+    assert all(len(v) >= 3 for v in pairs.values()), pairs  # the honest pair syncs on without it
+    assert min(thirds) > 0.8, thirds
     _honest_state(members)
