@@ -355,8 +355,7 @@ class SyncRecords:
             self._sleep(max(0.0, min(YIELD_POLL_S, until - self._clock())))
 
     def _nearby(self, revision: int, state_hash: str, now: float) -> list[str]:
-        """Peers that moved to this state, or to the one this peer matchmade at before, since its last matchmaking,
-        and peers still at the state this peer left (it moved on since: they come next).
+        """Peers that moved to this state, or to the one this peer matchmade at before, since its last matchmaking.
 
         Such a peer arrived during the last round (a slower one that caught up
         after the window was sealed) and comes to this one. A peer whose record
@@ -371,11 +370,8 @@ class SyncRecords:
             self._before, self._here = self._here, here
         self._last_matchmaking = now
         near = {self._here, self._before}
-        fresh = {p for p, r in self.states.items() if (r.revision, r.state_hash) in near and r.created >= since}
-        # still at the state this peer left: a competing group at that parent, whose members learn at their
-        # vote that another group committed first, catch up and come here next (left_behind)
-        behind = {p for p, r in self.states.items() if (r.revision, r.state_hash) == self._before != self._here}
-        return sorted(fresh | behind)[:MAX_EXPECTED]
+        fresh = (p for p, r in self.states.items() if (r.revision, r.state_hash) in near and r.created >= since)
+        return sorted(fresh)[:MAX_EXPECTED]
 
     def _live_group(self, seen: dict[str, JoinRecord], now: float, window: float, prober: Prober) -> GroupDecision:
         """The group of the joiners of ``window`` that answered their ping (waits at most the ping timeout)."""

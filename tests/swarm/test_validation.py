@@ -242,22 +242,16 @@ def test_matchmaking_ends_at_once_when_the_node_leaves(monkeypatch: pytest.Monke
 def test_peers_that_just_moved_to_this_state_or_the_one_left_are_expected_in_the_window() -> None:
     # a slow peer sealed out of the last window caught up to the state this peer just left (or to this
     # one) during the last round: it comes next round, so the window waits for it (the uneven-peers test's
-    # first-epoch misses); one sitting at this state since before the last round (frozen, paused) is not
-    # waited for, one still at the state this peer just left is, until this peer moves on again
+    # first-epoch misses); one sitting there since before the last round (frozen, paused) is not waited for
     records = SyncRecords(cast(Membership, _membership(ALICE)), "0123456789abcdef", SYNC, lambda: NOW)
     h1, h2, h3 = "a1" * 32, "b2" * 32, "c3" * 32
     at = [("old", 1, h1, 0), ("slow", 2, h2, 5), ("here", 3, h3, 15), ("fork", 3, h1, 15), ("frozen", 3, h3, 5)]
     records.states = {p: StateRecord(p, "0123456789abcdef", rev, h, NOW + t) for p, rev, h, t in at}
     assert records._nearby(2, h2, NOW + 10) == ["slow"]  # a first matchmaking: any record at this state
-    # "frozen" moved to 3 before the last matchmaking; "slow" is still at the state this peer left
-    assert records._nearby(3, h3, NOW + 20) == ["here", "slow"]
-    records.states["slow"] = StateRecord("slow", "0123456789abcdef", 3, h3, NOW + 25)  # it caught up
-    assert records._nearby(3, h3, NOW + 30) == ["slow"]  # a round at the same state: nobody left behind
-    # moved on to 4: whoever is still at 3 is waited for one round (it may be a competing group that lost)
-    assert records._nearby(4, h1, NOW + 40) == ["frozen", "here", "slow"]
-    assert records._nearby(4, h1, NOW + 50) == ["frozen", "here", "slow"]  # until this peer moves again
-    records.states = {}
-    assert records._nearby(5, h2, NOW + 60) == []
+    assert records._nearby(3, h3, NOW + 20) == ["here"]  # "frozen" moved to 3 before the last matchmaking
+    records.states["slow"] = StateRecord("slow", "0123456789abcdef", 2, h2, NOW + 25)  # sealed out, caught up
+    assert records._nearby(3, h3, NOW + 30) == ["slow"]  # a round at the same state
+    assert records._nearby(4, h1, NOW + 40) == []  # nothing new since
 
 
 class _FloodedDHT:
