@@ -21,7 +21,17 @@ from swarm.membership import Membership, MembershipConfig
 from swarm.sync import OuterSyncConfig
 from swarm.sync.allreduce import RoundPlan
 from swarm.sync.dhtio import MAX_STATE_READ_PAUSE_S, STATE_READ_SHARE, SyncRecords
-from swarm.sync.records import STATE_KIND, VOTE_KIND, StateRecord, state_key, vote_key
+from swarm.sync.records import (
+    JOIN_KIND,
+    STATE_KIND,
+    VOTE_KIND,
+    JoinRecord,
+    StateRecord,
+    join_key,
+    seal_record,
+    state_key,
+    vote_key,
+)
 from swarm.validation import (
     RecordRefusal,
     SignedRecordValidator,
@@ -383,3 +393,49 @@ def test_the_envelope_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in keys:  # a flood of distinct genuine envelopes only evicts
         assert _refusal(v, _desc_record(_desc(key.peer_id), key)) is None
     assert len(v._opened) == 8 and v.accepted == 20
+
+
+class _Records:
+    """A record store in a dict (the seam of swarm.sync.transport): what is stored is read back at once."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[str, bytes]] = {}
+
+    def get(self, key: str, timeout: float) -> dict[Any, Any]:
+        return dict(self.values.get(key, {}))
+
+    def store(self, key: str, subkey: str, value: bytes, ttl: float, timeout: float) -> bool:
+        self.values.setdefault(key, {})[subkey] = value
+        return True
+
+    def addresses(self) -> list[str]:
+        return []
+
+
+def test_a_member_yields_to_its_partners_group_under_way_and_returns_when_it_commits() -> None:
+    """A group of this member's history is running from its state (their window closed to joiners): the
+    member opens no group that would be superseded at its vote; it waits for their commit, then returns."""
+    t = [NOW]
+    h2, h3, fp = "cd" * 32, "ef" * 32, "0123456789abcdef"
+    partner, other = SigningKey(b"p" * 32), SigningKey(b"q" * 32)
+    store = _Records()
+    key = join_key(SWARM, fp, 2, h2, SYNC.compression)
+    for k in (partner, other):  # their window opened 4 s ago: closed to joiners after 0.75 x 5 s
+        join = JoinRecord(k.peer_id, fp, 2, h2, NOW - 4.0, NOW - 4.0)
+        store.store(key, k.peer_id, seal_record(JOIN_KIND, join, k), 60.0, 1.0)
+
+    def sleep(s: float) -> None:
+        t[0] += max(s, 0.01)
+        if t[0] >= NOW + 2.0:  # their commit's state record appears 2 s in
+            done = StateRecord(partner.peer_id, fp, 3, h3, t[0])
+            store.store(state_key(SWARM, fp), partner.peer_id, seal_record(STATE_KIND, done, partner), 60.0, 1.0)
+
+    records = SyncRecords(cast(Membership, _membership(ALICE)), fp, SYNC, lambda: t[0], sleep, store)
+    decision = records.matchmake(2, h2, trusted=frozenset({partner.peer_id}))
+    assert decision.status == "yielded" and set(decision.members) == {partner.peer_id, other.peer_id}
+    assert NOW + 2.0 <= t[0] <= NOW + 3.0, t[0] - NOW  # back once the commit showed, not after a window
+    assert ALICE.peer_id not in store.get(key, 1.0)  # it never joined a window of its own
+    # the same window of strangers only: nobody to wait for, so it opens its own
+    t[0] = NOW
+    stranger = SyncRecords(cast(Membership, _membership(MALLORY)), fp, SYNC, lambda: t[0], sleep, store)
+    assert stranger.matchmake(2, h2, trusted=frozenset()).status == "no partner"
