@@ -14,7 +14,8 @@ store, a stream round, a sleep) is a coroutine on the loop: while a thread
 waits there it counts as blocked, so the clock may jump. The loop and the
 threads take turns (one runs at a time, threads woken in the order their
 calls ended, executor jobs run inline), so a scenario plays the same events
-every time it runs. Since only one of them runs at a time, a simulation runs on
+every time it runs (but for a member's own threads, :class:`SimThread`, which compute beside the
+thread that started them until one calls in). Since only one of them runs at a time, a simulation runs on
 one CPU (:func:`one_cpu`): a hand-over between two threads on one CPU costs ~15
 microseconds, between two CPUs of a virtual machine ~10 times that.
 
