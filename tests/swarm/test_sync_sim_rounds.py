@@ -164,7 +164,7 @@ def test_joiners_sync_on_when_their_only_bootstrap_peer_freezes(
         assert boot.states[-1][0] == 0 and not _committed(boot), _brief(boot.reports)
         said = [r.getMessage() for r in caplog.records if boot.peer[-6:] in r.getMessage()]
         assert any("restart it with --peer" in line for line in said), said
-    assert wall < 3 * WALL_S
+    assert wall < 5 * WALL_S  # 4 members, 50 virtual s: ~1-3 s under a load of 15
 
 
 def test_a_member_asked_to_leave_before_voting_ends_the_round_for_everyone(tmp_path: Path) -> None:
