@@ -10,7 +10,7 @@ averages it committed. ``max_update`` x the anchor's norm, a scale no
 contribution sets, is used only by a member without such evidence (one whose
 groups had no signal since it started): a reducer returning half of its
 slice of the anchor passes that floor at every member, and shrinks its
-slice towards zero commit after commit (tests/swarm/test_sync_attacks_reducer.py).
+slice towards zero commit after commit (tests/swarm/test_sync_sim_robust.py).
 """
 
 from __future__ import annotations

@@ -95,9 +95,9 @@ def test_random_group_ids_are_refused_at_once(fault_swarm: FaultSwarm) -> None:
         explicit = sum(said for _, said in outcomes)
         print(f"refused in median {times[100] * 1e3:.1f} ms, max {times[-1] * 1e3:.1f} ms; {explicit} said so")
         assert explicit >= 50, explicit  # the handler itself refuses: a good share of streams get its answer
-        # defence off, each stream waits out register_timeout (15.0 s); the bounds sit far below it and far
-        # above a loaded 2-core CI run (median 0.26 s there, 0.06 s on an idle machine)
-        assert times[100] < 2.0 and times[-1] < 7.5, times
+        # defence off, each stream waits out register_timeout (15.0 s); the bounds sit well below it and
+        # above a loaded 2-core machine (median 0.26 s in CI, 2.26 s at a load of 12, 0.06 s idle)
+        assert times[100] < 5.0 and times[-1] < 12.0, times
         n = len(a.syncs())
         # a window of several syncs and seconds: with the early close one sync can take 0.2 s, too short
         # to compare CPU over (stop 22's fresh-clone run measured 0.20 vs 0.04 cores over 0.2 s)
