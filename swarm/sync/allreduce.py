@@ -379,6 +379,8 @@ class SyncService:
         finally:
             if inline is not None and not inline.done():
                 inline.cancel()
+            elif inline is not None and not inline.cancelled():
+                inline.exception()  # the part came directly: the stream's end (it may close) is moot
             self._listener.revoke(ticket)
 
     async def _inline_header(self, rnd: _Round, reader: asyncio.StreamReader) -> dict[str, Any]:

@@ -103,6 +103,11 @@ async def both(first: Awaitable[T], second: Awaitable[Any]) -> T:
         result: T = tasks[0].result()
         return result
     finally:
-        for t in tasks:
-            if not t.done():
-                t.cancel()
+        pending = [t for t in tasks if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            # wait for them to end: a cancelled socket read unregisters its fd only when it ends, and callers
+            # close the socket next; closed first, the fd can belong to a new connection when it does, and
+            # asyncio logs "File descriptor N is used by transport" (seen at 100 ms round trips)
+            await asyncio.wait(pending)

@@ -289,6 +289,11 @@ class SliceReduction:
                 await asyncio.wait_for(changed.wait(), self._remaining())
             except TimeoutError:
                 self.fail("all-reduce timeout", AbortCause.ALLREDUCE_TIMEOUT)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Python 3.11's wait_for returns normally when the event is set as the waiter is cancelled:
+                # the cancel is lost, and this loop would wait on to the deadline (channel.both awaits it)
+                raise asyncio.CancelledError
         if self._error is not None:
             raise self._error
 
