@@ -128,7 +128,11 @@ class OuterSyncConfig:
     )
     matchmaking_timeout_s: float = field(
         default=5.0,
-        metadata={"help": "gather window: peers arriving within it form a group (s)", "above": 0},
+        metadata={
+            "help": "gather window: peers arriving within it form a group (s); a peer whose all-reduces are slow "
+            "opens windows up to 3x as long (3x their median)",
+            "above": 0,
+        },
     )
     allreduce_timeout_s: float = field(
         default=60.0,
