@@ -551,6 +551,7 @@ class Node:
         if self.watch is not None:
             partner = report.outcome is not SyncOutcome.NO_PARTNER
             self._alert(self.watch.synced(partner, self.clock.monotonic()))
+            self._alert(self.watch.yielded(report.outcome is SyncOutcome.YIELDED, self.clock.monotonic()))
         state = report.outcome.value if report.cause is None else f"{report.outcome.value}: {report.cause.value}"
         logger.info(
             "outer sync %s: revision %d, group of %d (%.2fs)", state, report.revision, report.group_size, report.sync_s

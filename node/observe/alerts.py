@@ -26,6 +26,9 @@ QUIET_ROUNDS = 4
 NO_PARTNER_SYNCS = 3
 """Outer syncs in a row without a partner before the node says why: the first one or two may simply come
 before a peer's own first sync is due."""
+YIELDED_SYNCS = 8
+"""Outer syncs in a row that waited for another group of this model (swarm.sync.decide.running_window) before
+the node says it keeps arriving late: one or two are a race lost now and then."""
 HEARD_CAPACITY = 4096
 """Peers remembered at most (the least recently heard is forgotten): keys cost nothing, a flood of them
 must not grow the node's memory."""
@@ -117,6 +120,8 @@ class PeerWatch:
     quiet: Latch = field(default_factory=Latch)
     partnerless: Latch = field(default_factory=Latch)
     _no_partner_run: int = 0
+    late: Latch = field(default_factory=Latch)
+    _yielded_run: int = 0
     _no_partner_why: NoPartnerWhy | None = None
     _last_heard: str = ""
     round_s: float = 0.0
@@ -208,6 +213,20 @@ class PeerWatch:
             else "this node collects no peer's batches (--external 0), so it cannot tell why"
         )
         return Alert(logging.WARNING, f"outer sync found no partner {NO_PARTNER_SYNCS} times in a row: {fix}")
+
+    def yielded(self, waited: bool, now: float) -> Alert | None:
+        """After an outer sync: a warning once syncs keep waiting for other groups (this node always arrives
+        after its peers' window closed), a line when it takes part again."""
+        self._yielded_run = self._yielded_run + 1 if waited else 0
+        edge = self.late.update(self._yielded_run >= YIELDED_SYNCS, now)
+        if edge is Edge.RAISED:
+            return Alert(
+                logging.WARNING,
+                f"outer sync waited for another group of this model {YIELDED_SYNCS} times in a row: this node "
+                "reaches each state after its peers' gather window closed (slow rounds or links), so it catches "
+                "up but averages nothing of its own; a longer --sync-window on every peer lets it in",
+            )
+        return Alert(logging.INFO, "outer sync takes part in a group again") if edge is Edge.CLEARED else None
 
 
 def _fix(why: NoPartnerWhy, models: dict[str, str]) -> str:

@@ -8,6 +8,7 @@ from node.observe.alerts import (
     ALONE_AFTER_S,
     NO_PARTNER_SYNCS,
     QUIET_ROUNDS,
+    YIELDED_SYNCS,
     Alert,
     Edge,
     Latch,
@@ -136,3 +137,13 @@ def test_no_partner_is_said_again_only_when_its_reason_changes() -> None:
     watch.hear("peer-b", "tiny-m", 5.0)  # a peer of another model joins: the reason is now another one
     (other,) = _syncs(watch, [False] * 10, t0=5.0)
     assert "another model (tiny-m)" in other.text
+
+
+def test_a_node_that_keeps_waiting_for_other_groups_warns_once_naming_the_fix() -> None:
+    watch = PeerWatch("mine", "tiny-s", started=0.0, joined_through=1)
+    said = [a for i in range(3 * YIELDED_SYNCS) if (a := watch.yielded(True, float(i))) is not None]
+    assert [a.level for a in said] == [logging.WARNING] and "--sync-window" in said[0].text
+    again = watch.yielded(False, 100.0)
+    assert again is not None and again.level == logging.INFO
+    # a race lost now and then says nothing
+    assert all(watch.yielded(i % 3 == 0, 200.0 + i) is None for i in range(4 * YIELDED_SYNCS))
