@@ -46,6 +46,22 @@ class _Addressed(Protocol):
 CIRCUIT = "/p2p-circuit"
 
 
+def relays_in(addrs: Iterable[str]) -> list[str]:
+    """The relays of ``addrs``' relayed addresses (``.../p2p/<relay>/p2p-circuit``), in order.
+
+    >>> relays_in(["/ip4/1.2.3.4/tcp/5", "/ip4/1.2.3.4/tcp/5/p2p/12D3KooWR/p2p-circuit"])
+    ['12D3KooWR']
+    """
+    out: list[str] = []
+    for addr in addrs:
+        head, sep, _ = addr.partition(CIRCUIT)
+        if sep and "/p2p/" in head:
+            relay = head.rsplit("/p2p/", 1)[1]
+            if relay and relay not in out:
+                out.append(relay)
+    return out
+
+
 def transport_addrs(maddrs: Iterable[str]) -> tuple[str, ...]:
     """The first :data:`MAX_ADDRS` distinct addresses of ``maddrs`` without their own ``/p2p/<id>`` part.
 
@@ -102,6 +118,10 @@ class DialHints:
             del self._addrs[next(iter(self._addrs))]
         while len(self._tried) > MAX_HINTS:
             del self._tried[next(iter(self._tried))]
+
+    def relays(self, peer: str) -> list[str]:
+        """The relays named in ``peer``'s published relayed addresses: peers it holds a connection to."""
+        return relays_in(self._addrs.get(peer, ()))
 
     def take(self, peer: str) -> tuple[str, ...]:
         """``peer``'s addresses to connect through now, or none: unknown, tried within RECONNECT_S, every

@@ -100,6 +100,7 @@ from swarm.sync.hivemind_transport import hivemind_net
 from swarm.sync.job import RoundOutcome, SyncJob, apply_outcome
 from swarm.sync.journal import JournalStore, VoteJournal, journal_path
 from swarm.sync.liveness import Prober
+from swarm.sync.pipe import PipedStreams
 from swarm.sync.points import Observer, RoundPoint
 from swarm.sync.records import ABORT_DIGEST, valid_origin
 from swarm.sync.robust import Suspicion, distance
@@ -170,8 +171,14 @@ class OuterSync:
         self._scale = OwnScale()
         """This member's own evidence of an honest slice's scale (swarm.sync.assemble)."""
         name = f"{membership.cfg.swarm_id}.sync.{self.fingerprint}"
+        bootstrap = peers_named_in(membership.cfg.initial_peers)
+        hints = self._records.hints
+        # streams between two homes go through a third peer (swarm.sync.pipe), never a libp2p circuit
+        prefix = f"{membership.cfg.swarm_id}.sync"
+        relays = lambda peer: [*hints.relays(peer), *sorted(bootstrap)]  # noqa: E731
+        self._streams = PipedStreams(net.streams, membership.identity.key, prefix, relays, signatures, clock)
         self._service = SyncService(
-            net.streams,
+            self._streams,
             name,
             self.peer_id,
             cfg.chunk_timeout_s,
@@ -195,7 +202,6 @@ class OuterSync:
         self._waiting_for = ""
         """The reason of the last catch-up retry: repeats go to DEBUG (a newcomer may wait for minutes)."""
         self._schedule = Schedule(cfg.sync_every, cfg.sync_period_s, clock())
-        bootstrap = peers_named_in(membership.cfg.initial_peers)
         self._catchup = CatchUpper(
             self.peer_id, self._records, self._fetch_state, cfg, bootstrap, self._log, clock, self._prober.check
         )
