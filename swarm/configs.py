@@ -332,7 +332,10 @@ class MembershipConfig:
     )
     use_relay: bool = field(
         default=True,
-        metadata={"help": ("use libp2p circuit relays to reach peers, on by default; this flag turns them off")},
+        metadata={
+            "help": "relay for peers behind NAT and reach them through relays (libp2p circuits, the outer sync's "
+            "pipes), on by default; this flag turns both off"
+        },
     )
     use_auto_relay: bool = field(
         default=False,

@@ -75,9 +75,13 @@ RELAY_LIMITS: dict[str, int | str] = {
     "relayDataLimit": 1 << 30,  # bytes one relayed connection carries each way before it is reset
     "relayTimeLimit": "30m",  # how long one relayed connection lives
 }
-"""What a node that serves as a libp2p relay gives peers behind NAT, at most: p2pd's own defaults (128
+"""What a node that serves as a libp2p relay gives peers behind NAT, at most: p2pd's own flag defaults (128
 reservations, 16 circuits each, 16 MiB buffers: up to 64 GiB of buffers for a peer with many keys) are
-bounded here to at most 32 x 4 x 2 x 256 KiB = 64 MiB."""
+bounded here to at most 32 x 4 x 2 x 256 KiB = 64 MiB. Only sometimes in force: p2pd also starts a relay
+with libp2p's built-in resources (128 reservations, 16 circuits, 2 KiB buffers, 128 KiB and 2 minutes per
+circuit), and whichever of the two registers its handler last serves (go-libp2p's relay service starts on
+the reachability event, p2pd's own right after start). Both are bounded; the second cuts any circuit past
+128 KiB, which is why the outer sync never uses circuits (swarm.sync.pipe)."""
 
 
 @contextlib.contextmanager

@@ -106,7 +106,7 @@ from swarm.sync.records import ABORT_DIGEST, valid_origin
 from swarm.sync.robust import Suspicion, distance
 from swarm.sync.schedule import Schedule
 from swarm.sync.tensors import flatten, state_hash
-from swarm.sync.transport import SyncNet
+from swarm.sync.transport import Streams, SyncNet
 from swarm.sync.vetoes import VetoTally
 
 logger = logging.getLogger(__name__)
@@ -176,7 +176,11 @@ class OuterSync:
         # streams between two homes go through a third peer (swarm.sync.pipe), never a libp2p circuit
         prefix = f"{membership.cfg.swarm_id}.sync"
         relays = lambda peer: [*hints.relays(peer), *sorted(bootstrap)]  # noqa: E731
-        self._streams = PipedStreams(net.streams, membership.identity.key, prefix, relays, signatures, clock)
+        self._streams: Streams = net.streams
+        self._pipes: PipedStreams | None = None
+        if membership.cfg.use_relay:
+            self._streams = self._pipes = PipedStreams(net.streams, membership.identity.key, prefix, relays,
+                                                       signatures, clock)  # fmt: skip
         self._service = SyncService(
             self._streams,
             name,

@@ -333,6 +333,9 @@ class PipedStreams:
                 return opened
             opened.writer.close()  # a limited connection: it would reset inside the first part
         piped = await self._open_piped(peer, name)
+        if peer not in self._piped:
+            logger.info("[%s] reaching %s through a pipe (no direct route; a libp2p circuit would cut it)",
+                        self._me[-6:], peer[-6:])  # fmt: skip
         self._piped[peer] = self._clock() + PIPED_FOR_S
         self._piped.move_to_end(peer)
         while len(self._piped) > MAX_REMEMBERED:

@@ -288,4 +288,5 @@ def test_two_homes_of_one_model_commit_through_a_public_peer(tmp_path: Path) -> 
     for m in members.values():
         assert [r.group_size for r in m.reports if r.committed] == [3, 3, 3, 3], m.reports
     assert len({m.states[-1] for m in members.values()}) == 1
-    assert syncs["b"]._streams.opened > 0 and syncs["c"]._streams.opened > 0
+    pipes = [syncs[n]._pipes for n in "bc"]
+    assert all(p is not None and p.opened > 0 for p in pipes)
