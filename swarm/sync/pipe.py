@@ -68,7 +68,11 @@ MAX_PIPE_BYTES = 1 << 30
 """Bytes a relay copies each way on one pipe."""
 STEP_TIMEOUT_S = 10.0
 """Bound on each step of opening a pipe (a dial, a header, the handshake's answer)."""
-RELAYS_TRIED = 2
+RELAYS_TRIED = 3
+RECENT_DIRECT = 16
+"""Peers this one reached directly lately, kept as relay candidates after the target's own relays and the
+peers it joined through (members of one round reach each other, so a public one among them holds a
+connection to a NATed target; with the bootstrap gone they are what is left)."""
 PIPED_FOR_S = 120.0
 """After a peer was reached only through a pipe, streams to it go through one first for this long."""
 MAX_REMEMBERED = 1024
@@ -271,8 +275,9 @@ class PipedStreams:
     """:class:`~swarm.sync.transport.Streams` that go through a pipe where libp2p has only a circuit or no route.
 
     ``prefix`` names the pipe handlers (one pair per swarm); ``relays(peer)`` the peers that may reach
-    ``peer`` (its published relays, the peers this node joined through), tried in order, at most
-    :data:`RELAYS_TRIED`. Every peer with a sync serves as a relay within the module's bounds.
+    ``peer`` (its published relays, the peers this node joined through), tried in order before the peers
+    this one reached directly lately, at most :data:`RELAYS_TRIED`. Every peer with a sync serves as a
+    relay within the module's bounds.
     """
 
     def __init__(
@@ -290,6 +295,7 @@ class PipedStreams:
         self._handlers: dict[str, Handler] = {}
         self._serving = False
         self._piped: OrderedDict[str, float] = OrderedDict()
+        self._direct: OrderedDict[str, None] = OrderedDict()
         self._copying, self._taking = _Slots(MAX_PIPES, MAX_PIPES_PER_PEER), _Slots(MAX_INBOUND, MAX_INBOUND_PER_RELAY)
         self.failures: Counter[PipeFailure] = Counter()
         """Pipes refused or broken here, by reason (as relay, target or opener)."""
@@ -330,6 +336,10 @@ class PipedStreams:
             logger.debug("[%s] %s not reachable (%s): trying a pipe", self._me[-6:], peer[-6:], type(e).__name__)
         else:
             if opened.addr is None or CIRCUIT not in opened.addr:
+                self._direct[peer] = None
+                self._direct.move_to_end(peer)
+                while len(self._direct) > RECENT_DIRECT:
+                    self._direct.popitem(last=False)
                 return opened
             opened.writer.close()  # a limited connection: it would reset inside the first part
         piped = await self._open_piped(peer, name)
@@ -345,8 +355,8 @@ class PipedStreams:
     # --- opener ---------------------------------------------------------------------------------------
 
     def _candidates(self, peer: str) -> list[str]:
-        out = [r for r in dict.fromkeys(self._relays(peer)) if r not in (peer, self._me)]
-        return out[:RELAYS_TRIED]
+        named = [*self._relays(peer), *reversed(self._direct)]
+        return [r for r in dict.fromkeys(named) if r not in (peer, self._me)][:RELAYS_TRIED]
 
     async def _open_piped(self, peer: str, name: str) -> Opened:
         error: Exception = PipeError(PipeFailure.NO_RELAY, peer[-6:])

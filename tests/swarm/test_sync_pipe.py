@@ -290,3 +290,21 @@ def test_two_homes_of_one_model_commit_through_a_public_peer(tmp_path: Path) -> 
     assert len({m.states[-1] for m in members.values()}) == 1
     pipes = [syncs[n]._pipes for n in "bc"]
     assert all(p is not None and p.opened > 0 for p in pipes)
+
+
+def test_with_its_named_relays_gone_a_peer_reached_directly_carries_the_pipe() -> None:
+    """The bootstrap is gone: a public peer b reached directly before (as members of one round do) relays."""
+
+    async def main() -> None:
+        net, peers = await _swarm(relays=lambda p: [])
+        heard: list[str] = []
+        await _digest_server(peers[C.peer_id], heard)
+        await _digest_server(peers[A.peer_id], [])
+        try:
+            assert await _send(peers[B.peer_id], A.peer_id, b"x") == hashlib.sha256(b"x").digest()
+            assert await _send(peers[B.peer_id], C.peer_id) == hashlib.sha256(PAYLOAD).digest()
+            assert heard == [B.peer_id] and peers[B.peer_id].opened == 1
+        finally:
+            await net.close()
+
+    asyncio.run(main())
