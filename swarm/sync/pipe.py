@@ -62,8 +62,9 @@ MAX_INBOUND = 16
 MAX_INBOUND_PER_RELAY = 8
 PIPE_MAX_S = 900.0
 """How long a relay copies one pipe (a large model's state download included)."""
-IDLE_S = 30.0
-"""How long a relay keeps a pipe on which no byte moved either way."""
+IDLE_S = 120.0
+"""How long a relay keeps a pipe on which no byte moved either way (longer than a round's longest silence: a
+part waits for the slowest member up to the all-reduce timeout)."""
 MAX_PIPE_BYTES = 1 << 30
 """Bytes a relay copies each way on one pipe."""
 STEP_TIMEOUT_S = 10.0
@@ -427,33 +428,39 @@ class PipedStreams:
 
     async def _splice(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, out: Opened) -> None:
         """Copy both ways until either side ends, a bound is reached or ``PIPE_MAX_S`` passed."""
+        moved = [asyncio.get_running_loop().time()]  # when a byte last moved, either way
         ways = [
-            asyncio.ensure_future(self._pump(reader, out.writer)),
-            asyncio.ensure_future(self._pump(out.reader, writer)),
+            asyncio.ensure_future(self._pump(reader, out.writer, moved)),
+            asyncio.ensure_future(self._pump(out.reader, writer, moved)),
         ]
         try:
             await asyncio.wait(ways, timeout=PIPE_MAX_S, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for way in ways:
                 way.cancel()
-            for result in await asyncio.gather(*ways, return_exceptions=True):
-                if isinstance(result, PipeError):
-                    self.failures[result.reason] += 1
+            ended = await asyncio.gather(*ways, return_exceptions=True)
+            for reason in {r.reason for r in ended if isinstance(r, PipeError)}:  # once per pipe
+                self.failures[reason] += 1
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        moved = 0
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, moved: list[float]) -> None:
+        """One way of a pipe. Idle is both ways: a sender waits silently for a reduced slice while the other
+        way carries its part, or both wait for the slowest member of the round."""
+        loop, total = asyncio.get_running_loop(), 0
         while True:
             try:
                 async with asyncio.timeout(IDLE_S):
-                    data = await reader.read(FRAME_BYTES + 64)
+                    data = await reader.read(FRAME_BYTES + 64)  # a cancelled read leaves the buffer as it was
             except TimeoutError:
-                raise PipeError(PipeFailure.IDLE) from None
+                if loop.time() - moved[0] >= IDLE_S:
+                    raise PipeError(PipeFailure.IDLE) from None
+                continue
             if not data:
                 return
-            moved += len(data)
-            if moved > MAX_PIPE_BYTES:
+            total += len(data)
+            if total > MAX_PIPE_BYTES:
                 raise PipeError(PipeFailure.TOO_MUCH)
             self.relayed_bytes += len(data)
+            moved[0] = loop.time()
             writer.write(data)
             async with asyncio.timeout(IDLE_S):
                 await writer.drain()

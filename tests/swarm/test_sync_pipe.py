@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from protocol import SigningKey
-from swarm.sync import OuterSync
+from swarm.sync import OuterSync, pipe
 from swarm.sync.pipe import MAX_PIPES_PER_PEER, PipedStreams, PipeError, PipeFailure
 from swarm.sync.transport import Handler, Opened
 from swarm.sync.wire import read_header, write_frame
@@ -179,7 +179,7 @@ def test_a_stream_that_libp2p_would_run_over_a_circuit_goes_through_a_pipe() -> 
 class FlippingRelay(PipedStreams):
     """A relay that changes one byte of everything it copies after the handshake."""
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, moved: list[float]) -> None:
         seen = 0
         while data := await reader.read(65_536):
             seen += len(data)
@@ -304,6 +304,41 @@ def test_with_its_named_relays_gone_a_peer_reached_directly_carries_the_pipe() -
             assert await _send(peers[B.peer_id], A.peer_id, b"x") == hashlib.sha256(b"x").digest()
             assert await _send(peers[B.peer_id], C.peer_id) == hashlib.sha256(PAYLOAD).digest()
             assert heard == [B.peer_id] and peers[B.peer_id].opened == 1
+        finally:
+            await net.close()
+
+    asyncio.run(main())
+
+
+def test_a_pipe_is_idle_only_when_neither_way_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sender streams its part while the reducer says nothing until it has them all: one way silent for
+    longer than the idle bound is a live pipe; both ways silent past it is not."""
+    monkeypatch.setattr(pipe, "IDLE_S", 0.3)
+
+    async def main() -> None:
+        net, peers = await _swarm()
+
+        async def quiet_until_done(peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            got = 0
+            while got < 10:
+                got += len(await reader.readexactly(1))
+            writer.write(b"done")
+            await writer.drain()
+            writer.close()
+
+        await peers[C.peer_id].serve(NAME, quiet_until_done)
+        try:
+            opened = await peers[B.peer_id].open(C.peer_id, NAME)
+            for _ in range(10):  # 1 s of trickle one way, nothing back
+                opened.writer.write(b"x")
+                await opened.writer.drain()
+                await asyncio.sleep(0.1)
+            assert await asyncio.wait_for(opened.reader.readexactly(4), 2.0) == b"done"
+            opened.writer.close()
+            silent = await peers[B.peer_id].open(C.peer_id, NAME)
+            with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
+                await asyncio.wait_for(silent.reader.readexactly(4), 3.0)
+            assert peers[A.peer_id].failures[PipeFailure.IDLE] == 1
         finally:
             await net.close()
 
