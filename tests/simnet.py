@@ -10,14 +10,17 @@ is out, the loop jumps straight to its next timer (as trio's ``MockClock``
 with autojump, or a looptime loop, does); otherwise it waits for real, and
 the virtual clock stands still. A member's sync runs on its own thread, as
 a node's does, and every call it makes into the network (a record read or
-store, a stream round, a sleep) is a coroutine on the loop: while a thread
-waits there it counts as blocked, so the clock may jump. The loop and the
-threads take turns (one runs at a time, threads woken in the order their
-calls ended, executor jobs run inline), so a scenario plays the same events
-every time it runs (but for a member's own threads, :class:`SimThread`, which compute beside the
-thread that started them until one calls in). Since only one of them runs at a time, a simulation runs on
-one CPU (:func:`one_cpu`): a hand-over between two threads on one CPU costs ~15
-microseconds, between two CPUs of a virtual machine ~10 times that.
+store, a stream round, a sleep) begins on the loop: while a thread waits
+there it counts as blocked, so the clock may jump. The loop and the threads
+take turns (one runs at a time; a thread goes on at the moment its call
+ends, inside the loop's callback that ended it, and the loop goes on once
+it calls in again; executor jobs run inline), so a scenario plays the same
+events every time it runs (but for a member's own threads, :class:`SimThread`,
+which compute beside the thread that started them until one calls in). Since
+only one of them runs at a time, a simulation runs on one CPU (:func:`one_cpu`):
+a hand-over between two threads on one CPU costs a few microseconds (~8 for a
+round trip of two batch threads), between two CPUs of a virtual machine ~10
+times that.
 
 Faults are rules of the network, never of the sync:
 
@@ -49,21 +52,24 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import contextvars
 import hashlib
+import heapq
 import hmac
 import os
 import random
-import selectors
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from contextvars import Context
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, TypeVarTuple
 
 from protocol.errors import MessageRejected
 from protocol.signing import SigningKey
 from swarm.sync.transport import Handler, Opened, SyncNet
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 EPOCH = 1_700_000_000.0
 """The wall-clock time (Unix seconds) at virtual time 0."""
@@ -74,6 +80,9 @@ TIME_SLACK_S = 1e-6
 """What counts as now: asyncio runs a timer up to its clock's resolution early."""
 BUSY_POLL_S = 0.05
 """Longest real wait of the loop while a member thread computes (it wakes at once when one calls in)."""
+_MIN_SCHEDULED = 100
+_MIN_CANCELLED = 0.5
+"""asyncio's rule for a heap of timers: past 100 of them, more than half cancelled, it is rebuilt without those."""
 
 
 class KeyedHash:
@@ -127,48 +136,23 @@ class Crashed(BaseException):
     """The member this thread runs for was crashed (a BaseException: the sync's handlers must not catch it)."""
 
 
-class _VirtualSelector(selectors.DefaultSelector):
-    """The real selector, except that an idle wait moves the virtual clock instead of sleeping."""
-
-    loop: VirtualLoop
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        loop = self.loop  # (attributes, not methods: this runs once per loop iteration)
-        if loop.computing > 0 or loop._woken:
-            return list(super().select(BUSY_POLL_S if timeout is None else min(timeout, BUSY_POLL_S)))
-        # the only file is the loop's self-pipe: polled only when a thread wrote to it (call_soon_threadsafe)
-        ready = []
-        if loop._poked:
-            loop._poked = False
-            ready = list(super().select(0))
-        if ready or (timeout is not None and timeout <= 0):
-            return ready
-        if timeout is None:
-            raise Deadlock("no timer, no task ready and no member computing: the simulation can never go on")
-        self.loop.advance(timeout)
-        return []
-
-
 class Reply(Generic[T]):
     """The end of one member thread's call into the loop: the thread blocks on a bare lock until the loop
     settles it (a ``concurrent.futures.Future`` would build a Condition, and wake through it, per call)."""
 
-    __slots__ = ("_error", "_lock", "_value")
+    __slots__ = ("_error", "_lock", "_value", "ended")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
         self._value: T | None = None
         self._error: BaseException | None = None
+        self.ended = False
+        """Whether the call's outcome is settled (a crash and a late timer may both try: the first wins)."""
 
-    def settle(self, done: asyncio.Future[T]) -> None:
-        """Take ``done``'s outcome (a cancelled call: the member crashed) and let the thread go on."""
-        if done.cancelled():
-            self._error = Crashed()
-        elif done.exception() is not None:
-            self._error = done.exception()
-        else:
-            self._value = done.result()
+    def settle(self, value: T | None, error: BaseException | None) -> None:
+        """Take the call's outcome and let the thread go on."""
+        self._value, self._error = value, error
         self._lock.release()
 
     def wait(self) -> T:
@@ -178,36 +162,123 @@ class Reply(Generic[T]):
         return self._value  # type: ignore[return-value]  # set by settle() when there is no error
 
 
+class _Soon(asyncio.Handle):
+    """A callback in the ready queue: asyncio's Handle less what its debug mode needs (a virtual loop never
+    runs in it), made in one Python call instead of four."""
+
+    __slots__ = ()
+
+    def __init__(
+        self, callback: Callable[..., object], args: Sequence[Any], loop: VirtualLoop, context: Context | None
+    ) -> None:
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop, self._callback, self._args = loop, callback, args
+        self._cancelled, self._repr, self._source_traceback = False, None, None
+
+
+class _Timer(asyncio.TimerHandle):
+    """A timer: asyncio's TimerHandle made and cancelled as :class:`_Soon` is made. The loop's heap holds it in
+    a (when, sequence, timer) tuple, compared in C, not by ``TimerHandle.__lt__`` (a Python call per step)."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        when: float,
+        callback: Callable[..., object],
+        args: Sequence[Any],
+        loop: VirtualLoop,
+        context: Context | None,
+    ) -> None:
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop, self._callback, self._args = loop, callback, args
+        self._cancelled, self._repr, self._source_traceback = False, None, None
+        self._when, self._scheduled = when, True
+
+    def cancel(self) -> None:
+        if not self._cancelled:
+            self._cancelled = True
+            self._callback = self._args = None  # type: ignore[assignment]  # as Handle.cancel drops them
+            if self._scheduled:
+                self._loop._timer_cancelled_count += 1
+
+
+Start = Callable[[Reply[Any]], None]
+"""A member thread's call as it begins on the loop: it arranges for :meth:`VirtualLoop.resume` of its reply."""
+
+
 class VirtualLoop(asyncio.SelectorEventLoop):
-    """An event loop on virtual seconds: idle waits jump, so time costs nothing (see the module docstring)."""
+    """An event loop on virtual seconds: idle waits jump, so time costs nothing (see the module docstring).
+
+    Its iteration is asyncio's own, less what a virtual clock never needs: it never waits in its selector
+    (an idle wait moves the clock; the loop waits only for member threads, on locks), so there is no I/O to
+    poll and no self-pipe byte to write or read; and it never runs in debug mode, so its handles skip that
+    mode's checks (:class:`_Soon`, :class:`_Timer`)."""
+
+    # asyncio.BaseEventLoop's own state, which _run_once reads as asyncio's does
+    _ready: collections.deque[asyncio.Handle]
+    _stopping: bool
+    _clock_resolution: float
+    _timer_cancelled_count: int
 
     def __init__(self) -> None:
-        selector = _VirtualSelector()
-        super().__init__(selector)
-        selector.loop = self
-        self._now = 0.0
-        self._poked = False
-        """Whether a thread wrote to the self-pipe since the selector last polled it."""
+        super().__init__()
+        self.now = 0.0
+        """The virtual clock (what :meth:`time` returns), read directly by the network's hot paths."""
+        self._timers: list[tuple[float, int, _Timer]] = []
+        """The heap of timers (asyncio's ``_scheduled`` stays empty), in order of time, then of scheduling."""
+        self._timer_seq = 0
         self._count = threading.Lock()
         self.computing = 0
         """Member threads running outside the loop (under ``_count``)."""
         self._idle = threading.Lock()
         self._idle.acquire()
         """Released when ``computing`` drops to 0: the loop's turn (a bare lock, as :class:`Reply`'s)."""
-        self._woken: collections.deque[tuple[Reply[Any], asyncio.Future[Any]]] = collections.deque()
-        """Member threads whose call into the loop ended, in the order they ended: woken one at a time."""
-        self._handed: collections.deque[tuple[Callable[[], asyncio.Future[Any]], Reply[Any]]] = collections.deque()
+        self._handed: collections.deque[tuple[Start, Reply[Any]]] = collections.deque()
         """Calls member threads handed over (:meth:`hand`), not yet started on the loop."""
 
     def time(self) -> float:
-        return self._now
+        return self.now
 
     def _write_to_self(self) -> None:
-        self._poked = True
-        super()._write_to_self()  # type: ignore[misc]
+        """Nothing: a thread's ``call_soon_threadsafe`` lands in the ready queue, which the loop reads once the
+        threads gave it their turn; it never sleeps in a select that a byte would have to wake."""
 
     def advance(self, seconds: float) -> None:
-        self._now += max(0.0, seconds)
+        self.now += max(0.0, seconds)
+
+    # -- callbacks and timers: asyncio's, on lean handles
+    def call_soon(
+        self, callback: Callable[[*Ts], object], *args: *Ts, context: Context | None = None
+    ) -> asyncio.Handle:
+        handle = _Soon(callback, args, self, context)
+        self._ready.append(handle)
+        return handle
+
+    def _call_soon(
+        self, callback: Callable[..., object], args: Sequence[Any], context: Context | None
+    ) -> asyncio.Handle:
+        """What ``call_soon_threadsafe`` queues with (a deque's append is safe from any thread)."""
+        handle = _Soon(callback, args, self, context)
+        self._ready.append(handle)
+        return handle
+
+    def call_at(
+        self, when: float, callback: Callable[[*Ts], object], *args: *Ts, context: Context | None = None
+    ) -> asyncio.TimerHandle:
+        timer = _Timer(when, callback, args, self, context)
+        self._timer_seq += 1
+        heapq.heappush(self._timers, (when, self._timer_seq, timer))
+        return timer
+
+    def call_later(
+        self, delay: float, callback: Callable[[*Ts], object], *args: *Ts, context: Context | None = None
+    ) -> asyncio.TimerHandle:
+        return self.call_at(self.now + delay, callback, *args, context=context)
+
+    def close(self) -> None:
+        super().close()
+        self._timers.clear()
 
     # -- turns: the loop and the member threads never run at once, so a seed replays the same events
     def begin(self) -> None:
@@ -225,25 +296,37 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         if self.computing == 0 and self._idle.locked():  # the loop may have been let go already (a stale turn)
             self._idle.release()
 
-    def hand(self, start: Callable[[], asyncio.Future[T]], reply: Reply[T]) -> None:
-        """A member thread's call: ``start()`` runs on the loop at its turn and returns the future of the call's
-        end, whose outcome goes to ``reply``; the thread then waits (the loop's turn). A queue the loop drains,
-        not ``call_soon_threadsafe``: the loop is waiting for this very thread, so no self-pipe byte need wake it."""
+    def hand(self, start: Start, reply: Reply[Any]) -> None:
+        """A member thread's call: ``start(reply)`` runs on the loop once every thread waits, and arranges for
+        :meth:`resume` of ``reply`` when the call ends; the thread then waits (the loop's turn)."""
         with self._count:
             self._handed.append((start, reply))
             self._ended()
 
-    def wake_later(self, reply: Reply[Any], task: asyncio.Future[Any]) -> None:
-        """``task`` is the end of a member thread's call: hand its outcome to ``reply`` at its turn."""
-        self._woken.append((reply, task))
+    def resume(self, reply: Reply[Any], value: Any = None, error: BaseException | None = None) -> None:
+        """The call ``reply`` waits on ended: its thread goes on here and now, and the loop goes on once it
+        calls in again (or ends), as if the thread's code were this callback's. Once per call: a later
+        outcome of the same call (a crash after its end, or a timer after its crash) is dropped."""
+        if reply.ended:
+            return
+        reply.ended = True
+        if self.computing or self._handed:  # a thread started meanwhile calls in first: its call begins first
+            self._turns()
+        self.begin()
+        reply.settle(value, error)
+        self._turns()
 
-    def _start_handed(self, start: Callable[[], asyncio.Future[Any]], reply: Reply[Any]) -> None:
-        try:
-            done = start()
-        except (Exception, Crashed) as e:  # the thread raises it
-            done = self.create_future()
-            done.set_exception(e)
-        done.add_done_callback(lambda t: self.wake_later(reply, t))
+    def _turns(self) -> None:
+        """Wait until no member thread computes, then begin the calls they handed over, in their order."""
+        if self.computing > 0:  # only the loop raises it: 0 read here means every thread handed its turn back
+            self._wait_for_threads()
+        self._idle.acquire(blocking=False)  # this turn's release, if any: the next wait blocks (else one spins)
+        while self._handed:
+            start, reply = self._handed.popleft()
+            try:
+                start(reply)
+            except (Exception, Crashed) as e:  # the thread raises it, at its turn (not inside this one)
+                self.call_soon(self.resume, reply, None, e)
 
     def _wait_for_threads(self) -> None:
         while True:
@@ -253,17 +336,42 @@ class VirtualLoop(asyncio.SelectorEventLoop):
             self._idle.acquire(timeout=BUSY_POLL_S)
 
     def _run_once(self) -> None:
-        if self.computing > 0:  # only the loop raises it: 0 read here means every thread handed its turn back
-            self._wait_for_threads()
-        self._idle.acquire(blocking=False)  # this turn's release, if any: the next wait blocks
-        while self._handed:  # in the ready queue's order, as call_soon_threadsafe would have put them
-            self.call_soon(self._start_handed, *self._handed.popleft())
-        if self._woken:  # one thread at a time, in the order their calls ended
-            reply, task = self._woken.popleft()
-            self.begin()
-            reply.settle(task)
-            return
-        super()._run_once()  # type: ignore[misc]
+        """One iteration of asyncio's (``BaseEventLoop._run_once``), on the virtual clock: the member threads'
+        turns first; then, if nothing is ready, the clock jumps to the next timer; then every timer due and
+        everything ready runs, once each, in asyncio's order."""
+        if self.computing or self._handed:
+            self._turns()
+        ready, timers = self._ready, self._timers
+        if len(timers) > _MIN_SCHEDULED and self._timer_cancelled_count > _MIN_CANCELLED * len(timers):
+            self._drop_cancelled()
+        while timers and timers[0][2]._cancelled:
+            self._timer_cancelled_count -= 1
+            heapq.heappop(timers)[2]._scheduled = False
+        if not ready and not self._stopping:
+            if not timers:
+                raise Deadlock("no timer, no task ready and no member computing: the simulation can never go on")
+            self.now = max(self.now, timers[0][0])
+        end_time = self.now + self._clock_resolution
+        while timers and timers[0][0] < end_time:
+            timer = heapq.heappop(timers)[2]
+            timer._scheduled = False
+            if timer._cancelled:
+                self._timer_cancelled_count -= 1
+            else:
+                ready.append(timer)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
+
+    def _drop_cancelled(self) -> None:
+        """The heap without its cancelled timers, once they are most of it (asyncio's rule)."""
+        for _, _, timer in self._timers:
+            if timer._cancelled:
+                timer._scheduled = False
+        self._timers = [t for t in self._timers if not t[2]._cancelled]
+        heapq.heapify(self._timers)
+        self._timer_cancelled_count = 0
 
     def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:  # type: ignore[override]
         """Run ``func`` here and now: the loop would wait for a pool thread running it alone anyway (turns),
@@ -287,8 +395,8 @@ class _Member:
     crashed: bool = False
     handlers: dict[str, Handler] = field(default_factory=dict)
     replica: dict[str, dict[str, tuple[bytes, float]]] = field(default_factory=dict)
-    waits: set[asyncio.Future[Any]] = field(default_factory=set)
-    """Its thread's calls in progress (cancelled by a crash)."""
+    waits: dict[Reply[Any], Callable[[], object]] = field(default_factory=dict)
+    """Its thread's calls in progress, each with what a crash does to it (ends it with :class:`Crashed`)."""
     replica_lag: float = 0.0
     """Most seconds a store of another member takes to reach this member's replica (0: at once)."""
 
@@ -341,7 +449,7 @@ class _Pipe(asyncio.Transport):
 
     # -- delivery --------------------------------------------------------------------------------
     def _push(self, data: bytes | None) -> None:
-        self._queue.append((self._net.loop.time() + self._net.link_lag(self.src, self.dst), data))
+        self._queue.append((self._net.loop.now + self._net.link_lag(self.src, self.dst), data))
         self._schedule()
 
     def _schedule(self) -> None:
@@ -359,7 +467,7 @@ class _Pipe(asyncio.Transport):
         if self._net.frozen(self.src) or self._net.frozen(self.dst):
             self._net.on_thaw(self._schedule)
             return
-        now = self._net.loop.time() + TIME_SLACK_S  # a timer may fire a hair before its time (loop resolution)
+        now = self._net.loop.now + TIME_SLACK_S  # a timer may fire a hair before its time (loop resolution)
         while self._queue and self._queue[0][0] <= now:
             _, data = self._queue.popleft()
             if data is None:
@@ -398,7 +506,7 @@ class SimNet:
     # -- time ------------------------------------------------------------------------------------
     def clock(self) -> float:
         """The members' wall clock: virtual seconds since :data:`EPOCH` (safe from any thread)."""
-        return EPOCH + self.loop.time()
+        return EPOCH + self.loop.now
 
     def note(self, line: str) -> None:
         self.trace.append(f"t={self.loop.time():9.3f} {line}")
@@ -460,8 +568,8 @@ class SimNet:
         for pipe in self._pipes:
             if name in (pipe.src, pipe.dst):
                 pipe.reset()
-        for fut in list(member.waits):
-            fut.cancel()
+        for cancel in list(member.waits.values()):
+            cancel()
         member.waits.clear()
         self.note(f"crash {name[-6:]}")
 
@@ -610,43 +718,82 @@ class SimStreams:
 
 
 class SimLoop:
-    """One member's calls from its thread into the loop: while one waits, the thread counts as blocked."""
+    """One member's calls from its thread into the loop: while one waits, the thread counts as blocked.
+
+    Each call begins on the loop at the thread's turn (:meth:`VirtualLoop.hand`) and ends in
+    :meth:`_end`, which resumes the thread at once; a crash of the member ends it with :class:`Crashed`."""
 
     def __init__(self, net: SimNet, me: str) -> None:
         self._net, self._me = net, me
 
-    async def _blocked(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        member = self._net.members[self._me]
-        task = asyncio.ensure_future(coro)
-        member.waits.add(task)
-        try:
-            if member.crashed:
-                raise Crashed(self._me)
-            await self._net.until_thawed(self._me)
-            return await asyncio.wait_for(task, timeout)
-        finally:
-            member.waits.discard(task)
-
-    def _call(self, start: Callable[[], asyncio.Future[T]]) -> T:
-        """Hand ``start`` to the loop (:meth:`VirtualLoop.hand`) and block until the call it begins ends."""
+    def _call(self, start: Start) -> Any:
+        """Hand ``start`` to the loop and block until the call it begins ends."""
         if self._net.members[self._me].crashed:
             raise Crashed(self._me)
-        reply: Reply[T] = Reply()
-        self._net.loop.hand(start, reply)  # this thread's turn comes back when the call ended (VirtualLoop._run_once)
+        reply: Reply[Any] = Reply()
+        self._net.loop.hand(start, reply)  # this thread's turn comes back when the call ended (VirtualLoop.resume)
         return reply.wait()
+
+    def _end(self, reply: Reply[Any], value: Any = None, error: BaseException | None = None) -> None:
+        self._net.members[self._me].waits.pop(reply, None)
+        self._net.loop.resume(reply, value, error)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         if self._net.members[self._me].crashed:
             coro.close()
             raise Crashed(self._me)
-        return self._call(lambda: asyncio.ensure_future(self._blocked(coro, timeout)))
+        result: T = self._call(lambda reply: self._task(reply, coro, timeout))
+        return result
+
+    def _task(self, reply: Reply[Any], coro: Coroutine[Any, Any, Any], timeout: float) -> None:
+        """``coro`` as a task, at once; its outcome ends the call. As ``asyncio.wait_for`` (without its own
+        task, waiter and callbacks): ``timeout`` after this member is thawed, the task is cancelled and, once
+        it ended, the call raises TimeoutError (no time left: cancelled before it runs)."""
+        net, loop = self._net, self._net.loop
+        if net.members[self._me].crashed:
+            coro.close()
+            raise Crashed(self._me)
+        task = loop.create_task(coro)
+        expired = False
+        timer: asyncio.TimerHandle | None = None
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        def arm() -> None:
+            nonlocal timer
+            if task.done():
+                return
+            if timeout <= 0:
+                expire()
+            else:
+                timer = loop.call_at(loop.now + timeout, expire)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            if timer is not None:
+                timer.cancel()
+            if t.cancelled():  # timed out, or cancelled by a crash of the member (SimNet.crash)
+                self._end(reply, None, TimeoutError() if expired else Crashed(self._me))
+            elif (error := t.exception()) is not None:
+                self._end(reply, None, error)
+            else:
+                self._end(reply, t.result())
+
+        task.add_done_callback(done)
+        net.members[self._me].waits[reply] = task.cancel
+        if net.frozen(self._me):
+            net.on_thaw(arm)
+        else:
+            arm()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self._net.loop)
 
     def sleep(self, seconds: float) -> None:
         """A timer, not a task: the sleep ends ``seconds`` after it began, or when its member thaws if later."""
-        self._call(lambda: self._timer(max(0.0, seconds), lambda: None, thawed_first=False))
+        self._call(lambda reply: self._timer(reply, max(0.0, seconds), lambda: None, thawed_first=False))
 
     def after(self, delay: float, timeout: float, then: Callable[[], T]) -> T:
         """``then()`` on the loop ``delay`` virtual seconds after this member is thawed (a record call's lag),
@@ -655,40 +802,54 @@ class SimLoop:
         def late() -> T:
             raise TimeoutError(f"{self._me[-6:]}: a call of {delay:.3f} s past its timeout {timeout:.3f} s")
 
-        return self._call(lambda: self._timer(min(delay, timeout), then if delay <= timeout else late, True))
+        result: T = self._call(
+            lambda reply: self._timer(reply, min(delay, timeout), then if delay <= timeout else late, True)
+        )
+        return result
 
-    def _timer(self, delay: float, then: Callable[[], T], thawed_first: bool) -> asyncio.Future[T]:
-        """The future of ``then()`` run ``delay`` after now (after the thaw, ``thawed_first``), or at the thaw of
-        a member frozen when the delay is over; cancelled by a crash of the member (see :meth:`SimNet.crash`)."""
-        net, member = self._net, self._net.members[self._me]
-        if member.crashed:
+    def _timer(self, reply: Reply[Any], delay: float, then: Callable[[], Any], thawed_first: bool) -> None:
+        """``then()`` run ``delay`` after now (after the thaw, ``thawed_first``), or at the thaw of a member
+        frozen when the delay is over, ends the call with its value; a crash of the member ends it first."""
+        net, loop = self._net, self._net.loop
+        if net.members[self._me].crashed:
             raise Crashed(self._me)
-        done: asyncio.Future[T] = net.loop.create_future()
-        member.waits.add(done)
+        timer: asyncio.TimerHandle | None = None
+        crashed = False
 
         def fire() -> None:
-            if done.done():
+            if crashed:
                 return
             if not thawed_first and net.frozen(self._me):
                 net.on_thaw(fire)
                 return
-            member.waits.discard(done)
             try:
-                done.set_result(then())
+                value = then()
             except Exception as e:
-                done.set_exception(e)
+                self._end(reply, None, e)
+            else:
+                self._end(reply, value)
 
         def go() -> None:
+            nonlocal timer
+            if crashed:
+                return
             if net.frozen(self._me):
                 net.on_thaw(go)
-            elif not done.done():
-                net.loop.call_at(net.loop.time() + delay, fire)
+            else:
+                timer = loop.call_at(loop.now + delay, fire)
 
+        def crash() -> None:  # the thread raises it at its turn, as it would a call's error
+            nonlocal crashed
+            crashed = True
+            if timer is not None:
+                timer.cancel()
+            loop.call_soon(loop.resume, reply, None, Crashed(self._me))
+
+        net.members[self._me].waits[reply] = crash
         if thawed_first:
             go()
         else:
-            net.loop.call_at(net.loop.time() + delay, fire)
-        return done
+            timer = loop.call_at(loop.now + delay, fire)
 
 
 class SimRecords:
@@ -720,20 +881,39 @@ def _current_cpu() -> int | None:
 
 @contextlib.contextmanager
 def one_cpu() -> Iterator[None]:
-    """Keep this thread, and the threads it starts meanwhile, on the CPU it runs on now (where the OS allows it).
+    """Keep this thread, and the threads it starts meanwhile, on the CPU it runs on now, as batch threads
+    (where the OS allows it).
 
     The loop and the member threads take turns, so a second CPU buys a simulation nothing, and each turn
-    handed across CPUs costs a cross-CPU wake-up; on one CPU a turn costs a fraction of that."""
-    cpu = _current_cpu()
-    if not hasattr(os, "sched_setaffinity") or cpu is None or cpu not in os.sched_getaffinity(0):
+    handed across CPUs costs a cross-CPU wake-up; on one CPU a turn costs a fraction of that. A batch thread
+    (Linux's SCHED_BATCH) that a turn wakes does not preempt the one that woke it: that one goes on to block
+    (dropping the GIL) first, so a turn is one switch instead of three (woken, blocked on the GIL, woken)."""
+    with _batch_threads():
+        cpu = _current_cpu()
+        if not hasattr(os, "sched_setaffinity") or cpu is None or cpu not in os.sched_getaffinity(0):
+            yield
+            return
+        allowed = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {cpu})
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, allowed)
+
+
+@contextlib.contextmanager
+def _batch_threads() -> Iterator[None]:
+    """This thread, and the threads it starts meanwhile, under SCHED_BATCH (no change where there is none)."""
+    try:
+        policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError):
         yield
         return
-    allowed = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
     try:
         yield
     finally:
-        os.sched_setaffinity(0, allowed)
+        os.sched_setscheduler(0, policy, param)
 
 
 def start_thread(net: SimNet, name: str, work: Callable[[], None]) -> threading.Thread:
