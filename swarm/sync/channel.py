@@ -38,7 +38,8 @@ class StreamChannel:
         view = memoryview(data).cast("B")
         for start in range(0, len(view), CHUNK_BYTES):
             self._writer.write(view[start : start + CHUNK_BYTES])
-            await asyncio.wait_for(self._writer.drain(), self._timeout)
+            async with asyncio.timeout(self._timeout):  # not wait_for: no task per chunk (swarm.sync.wire)
+                await self._writer.drain()
 
     async def recv_into(self, dest: memoryview, hasher: Any | None) -> None:
         assert self._reader is not None, "a send-only channel"

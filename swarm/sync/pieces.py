@@ -286,14 +286,13 @@ class SliceReduction:
         while self._error is None and not ready():
             changed = self._changed
             try:
-                await asyncio.wait_for(changed.wait(), self._remaining())
+                # asyncio.timeout, not wait_for: no task per wake-up, and a cancel is never lost (Python 3.11's
+                # wait_for returns normally when the event is set as its waiter is cancelled, and this loop would
+                # then wait on to the deadline: channel.both awaits it)
+                async with asyncio.timeout(self._remaining()):
+                    await changed.wait()
             except TimeoutError:
                 self.fail("all-reduce timeout", AbortCause.ALLREDUCE_TIMEOUT)
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                # Python 3.11's wait_for returns normally when the event is set as the waiter is cancelled:
-                # the cancel is lost, and this loop would wait on to the deadline (channel.both awaits it)
-                raise asyncio.CancelledError
         if self._error is not None:
             raise self._error
 

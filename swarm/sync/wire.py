@@ -4,6 +4,9 @@ Frame: 4-byte big-endian header length, msgpack header map (<= 4 KiB) with a
 ``size`` field, then exactly ``size`` payload bytes. Every header and every
 chunk is read and written under a timeout, so a silent or stalled peer costs
 at most ``chunk_timeout`` per chunk (and callers bound the whole exchange).
+Each timeout is an ``asyncio.timeout`` around the await itself, not a
+``wait_for``: no task, waiter and callbacks per chunk, and a read whose bytes
+are buffered already does not wait for a loop iteration.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ async def write_frame(
     view = memoryview(payload)
     for start in range(0, len(view), CHUNK_BYTES):
         writer.write(view[start : start + CHUNK_BYTES])
-        await asyncio.wait_for(writer.drain(), chunk_timeout)
+        async with asyncio.timeout(chunk_timeout):
+            await writer.drain()
     return head_bytes + len(payload)
 
 
@@ -41,18 +45,22 @@ async def write_head(writer: asyncio.StreamWriter, header: dict[str, Any], size:
     if len(head) > MAX_HEADER_BYTES:
         raise ValueError(f"frame header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}")
     writer.write(len(head).to_bytes(4, "big") + head)
-    await asyncio.wait_for(writer.drain(), chunk_timeout)
+    async with asyncio.timeout(chunk_timeout):
+        await writer.drain()
     return 4 + len(head)
 
 
 async def read_header(reader: asyncio.StreamReader, timeout: float) -> dict[str, Any]:
     """Read one frame header (BadBytes if malformed or oversized)."""
     try:
-        raw_len = await asyncio.wait_for(reader.readexactly(4), timeout)
+        async with asyncio.timeout(timeout):
+            raw_len = await reader.readexactly(4)
         n = int.from_bytes(raw_len, "big")
         if n > MAX_HEADER_BYTES:
             raise BadBytes(f"frame header of {n} bytes exceeds {MAX_HEADER_BYTES}")
-        header = codec.unpack(await asyncio.wait_for(reader.readexactly(n), timeout), MAX_HEADER_BYTES)
+        async with asyncio.timeout(timeout):
+            raw = await reader.readexactly(n)
+        header = codec.unpack(raw, MAX_HEADER_BYTES)
     except asyncio.IncompleteReadError:
         raise PeerLost("stream closed before a frame header") from None
     except MessageRejected as e:
@@ -70,7 +78,8 @@ async def read_payload(reader: asyncio.StreamReader, size: int, chunk_timeout: f
     try:
         while got < size:
             n = min(CHUNK_BYTES, size - got)
-            view[got : got + n] = await asyncio.wait_for(reader.readexactly(n), chunk_timeout)
+            async with asyncio.timeout(chunk_timeout):
+                view[got : got + n] = await reader.readexactly(n)
             got += n
     except asyncio.IncompleteReadError:
         raise PeerLost(f"stream closed after {got} of {size} payload bytes") from None
@@ -85,7 +94,8 @@ async def read_into(
     size, got = len(dest), 0
     try:
         while got < size:
-            chunk = await asyncio.wait_for(reader.readexactly(min(CHUNK_BYTES, size - got)), chunk_timeout)
+            async with asyncio.timeout(chunk_timeout):
+                chunk = await reader.readexactly(min(CHUNK_BYTES, size - got))
             dest[got : got + len(chunk)] = chunk
             if hasher is not None:
                 hasher.update(chunk)
