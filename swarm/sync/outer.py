@@ -175,12 +175,11 @@ class OuterSync:
         hints = self._records.hints
         # streams between two homes go through a third peer (swarm.sync.pipe), never a libp2p circuit
         prefix = f"{membership.cfg.swarm_id}.sync"
-        relays = lambda peer: [*hints.relays(peer), *sorted(bootstrap)]  # noqa: E731
         self._streams: Streams = net.streams
         self._pipes: PipedStreams | None = None
         if membership.cfg.use_relay:
-            self._streams = self._pipes = PipedStreams(net.streams, membership.identity.key, prefix, relays,
-                                                       signatures, clock)  # fmt: skip
+            self._streams = self._pipes = PipedStreams(net.streams, membership.identity.key, prefix, hints.relays,
+                                                       sorted(bootstrap), signatures, clock)  # fmt: skip
         self._service = SyncService(
             self._streams,
             name,

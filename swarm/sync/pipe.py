@@ -275,9 +275,9 @@ class _Slots:
 class PipedStreams:
     """:class:`~swarm.sync.transport.Streams` that go through a pipe where libp2p has only a circuit or no route.
 
-    ``prefix`` names the pipe handlers (one pair per swarm); ``relays(peer)`` the peers that may reach
-    ``peer`` (its published relays, the peers this node joined through), tried in order before the peers
-    this one reached directly lately, at most :data:`RELAYS_TRIED`. Every peer with a sync serves as a
+    ``prefix`` names the pipe handlers (one pair per swarm). The peers that may reach ``peer`` are tried in
+    order, at most :data:`RELAYS_TRIED`: ``published(peer)`` (the relays in its record), ``fallback`` (the
+    peers this node joined through), then the peers this one reached directly lately. Every peer with a sync serves as a
     relay within the module's bounds.
     """
 
@@ -286,13 +286,15 @@ class PipedStreams:
         inner: Streams,
         key: SigningKey,
         prefix: str,
-        relays: Callable[[str], Sequence[str]],
+        published: Callable[[str], Sequence[str]],
+        fallback: Sequence[str] = (),
         signatures: Signatures = ED25519,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._inner, self._key, self._me = inner, key, key.peer_id
         self._pipe, self._inbound = prefix + PIPE_SUFFIX, prefix + INBOUND_SUFFIX
-        self._relays, self._signatures, self._clock = relays, signatures, clock
+        self._published, self._fallback = published, tuple(fallback)
+        self._signatures, self._clock = signatures, clock
         self._handlers: dict[str, Handler] = {}
         self._serving = False
         self._piped: OrderedDict[str, float] = OrderedDict()
@@ -329,6 +331,7 @@ class PipedStreams:
         """A direct stream to ``peer`` if libp2p has a direct connection or can make one; else a piped one."""
         if self._piped.get(peer, 0.0) > self._clock():
             return await self._open_piped(peer, name)
+        circuit = False
         try:
             opened = await self._inner.open(peer, name)
         except Exception as e:  # no route: a peer behind another NAT, or a peer that is gone
@@ -343,7 +346,13 @@ class PipedStreams:
                     self._direct.popitem(last=False)
                 return opened
             opened.writer.close()  # a limited connection: it would reset inside the first part
+            circuit = True
         piped = await self._open_piped(peer, name)
+        # pipes first from now on only on evidence of a NAT (a circuit, or relays in the peer's record): a
+        # piped stream costs a few more round trips, which a liveness ping of a peer that is only restarting
+        # or cut off for a moment would spend in vain for PIPED_FOR_S
+        if not (circuit or self._relays_of(peer)):
+            return piped
         if peer not in self._piped:
             logger.info("[%s] reaching %s through a pipe (no direct route; a libp2p circuit would cut it)",
                         self._me[-6:], peer[-6:])  # fmt: skip
@@ -355,8 +364,11 @@ class PipedStreams:
 
     # --- opener ---------------------------------------------------------------------------------------
 
+    def _relays_of(self, peer: str) -> bool:
+        return bool(self._published(peer))
+
     def _candidates(self, peer: str) -> list[str]:
-        named = [*self._relays(peer), *reversed(self._direct)]
+        named = [*self._published(peer), *self._fallback, *reversed(self._direct)]
         return [r for r in dict.fromkeys(named) if r not in (peer, self._me)][:RELAYS_TRIED]
 
     async def _open_piped(self, peer: str, name: str) -> Opened:

@@ -31,7 +31,7 @@ from tests.procs import Procs, pid_alive, poll_until
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
-NODE_ARGS = ["--checkpoint-every", "0", "--eval-every", "0", "--sync-every", "200"]  # the outer sync is opt-in
+NODE_ARGS = ["--checkpoint-every", "0", "--eval-every", "0", "--sync-period", "10"]  # sync is opt-in; epochs meet
 RELAY_WAIT_S = 150.0
 SYNC_WAIT_S = 60.0
 """Bound on both homes' first commit in a group of all three (through the sync's pipes, swarm.sync.pipe:

@@ -35,6 +35,7 @@ class LoopNet:
     def __init__(self) -> None:
         self.servers: dict[str, tuple[asyncio.Server, dict[str, Handler]]] = {}
         self.homes: set[str] = set()
+        self.tried: list[tuple[str, str, str]] = []
         self.circuit: set[tuple[str, str]] = set()
         """(opener, target) pairs that libp2p would route over a relay circuit."""
 
@@ -53,6 +54,7 @@ class LoopNet:
         self.servers[peer] = (server, handlers)
 
     async def open(self, src: str, dst: str, name: str) -> Opened:
+        self.tried.append((src, dst, name))
         if (src in self.homes and dst in self.homes) or dst not in self.servers:
             raise ConnectionError(f"{dst[-6:]} cannot be reached")
         server, handlers = self.servers[dst]
@@ -100,7 +102,8 @@ async def _swarm(
     for key in (A, B, C):
         await net.add(key.peer_id)
         kind = cls if key is A else PipedStreams
-        out[key.peer_id] = kind(PeerStreams(net, key.peer_id), key, "t.sync", relays or (lambda p: [A.peer_id]))
+        fallback = [A.peer_id] if relays is None else []
+        out[key.peer_id] = kind(PeerStreams(net, key.peer_id), key, "t.sync", relays or (lambda p: []), fallback)
     net.homes = {B.peer_id, C.peer_id}
 
     async def other(peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -144,9 +147,10 @@ def test_two_homes_exchange_megabytes_through_a_pipe_and_the_target_hears_the_op
         heard: list[str] = []
         await _digest_server(peers[C.peer_id], heard)
         try:
-            for _ in range(3):  # a second stream goes to the pipe first: no direct dial to wait out
+            for _ in range(3):  # no evidence of a NAT (c's record names no relay): direct first each time
                 assert await _send(peers[B.peer_id], C.peer_id) == hashlib.sha256(PAYLOAD).digest()
             assert heard == [B.peer_id] * 3  # the handshake's signer, not the relay that carried it
+            assert net.tried.count((B.peer_id, C.peer_id, NAME)) == 3
             assert peers[B.peer_id].opened == 3 and peers[A.peer_id].relayed_bytes > 3 * len(PAYLOAD)
             assert peers[B.peer_id].failures == {} and peers[A.peer_id].failures == {}
             # a public peer reaches a home directly: no pipe
@@ -339,6 +343,21 @@ def test_a_pipe_is_idle_only_when_neither_way_moves(monkeypatch: pytest.MonkeyPa
             with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
                 await asyncio.wait_for(silent.reader.readexactly(4), 3.0)
             assert peers[A.peer_id].failures[PipeFailure.IDLE] == 1
+        finally:
+            await net.close()
+
+    asyncio.run(main())
+
+
+def test_a_peer_whose_record_names_a_relay_is_piped_first_after_one_failed_dial() -> None:
+    async def main() -> None:
+        net, peers = await _swarm(relays=lambda p: [A.peer_id] if p == C.peer_id else [])
+        heard: list[str] = []
+        await _digest_server(peers[C.peer_id], heard)
+        try:
+            for _ in range(3):
+                assert await _send(peers[B.peer_id], C.peer_id) == hashlib.sha256(PAYLOAD).digest()
+            assert net.tried.count((B.peer_id, C.peer_id, NAME)) == 1 and heard == [B.peer_id] * 3
         finally:
             await net.close()
 
