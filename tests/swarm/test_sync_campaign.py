@@ -10,7 +10,8 @@ tests/simnet.py. Every run is checked against the sync's invariants:
 - no round half-applied: a round no fault came near is committed by all its members or by none;
 - a round half-applied near a fault is repaired: while the members can all reach each other, each member
   that discarded it reaches its revision later (catch-up), unless it crashed for good or the run ended;
-- a restarted process (from its checkpoint and journal) syncs again;
+- a restarted process (from its checkpoint and journal) syncs again, and its journal holds every revision
+  its earlier processes committed (each was voted for, and journalled before the vote went out);
 - once the faults are over and two members are live and connected, they commit again; but a member kept
   from its first commit by a fault whose only trusted peer is gone (a founder has none, a joiner its
   ``--peer``; a restart before any checkpoint keeps none) waits, as a stranger's claim must not move it,
@@ -36,6 +37,7 @@ from typing import Any
 
 import pytest
 
+from swarm.sync.journal import KEPT
 from swarm.sync.merge import MERGE_CHECK_S
 from tests.simnet import EPOCH, SimNet
 from tests.swarm.test_sync_sim import Member, Plan, simulate
@@ -49,12 +51,13 @@ trails one revision behind for good (seed 16 shows it): it catches up to the sta
 left, gathers alone for a window while they commit the next, and no window waits for it."""
 SETTLE_S = 8.0
 """Virtual seconds after the last fault ends within which live, connected members commit again."""
-FAST_SEEDS = 400
-"""Seeds the fast tier runs: ~0.1 s each on one CPU (the simulation takes one: tests/simnet.py) at a load
-of ~1, so ~45 s; a machine loaded to 13 took 193 s."""
+FAST_SEEDS = 600
+"""Seeds the fast tier runs: ~75-90 ms of one CPU each (the simulation takes one: tests/simnet.py), so 600 took
+44.6 and 53.1 s in a row at loads 1.3 and 1.5, and 87 s on a machine loaded to 4-13. 2,000 would take ~150-175 s
+at that pace: more than a fast tier may cost, and it may start no process to spread seeds over CPUs."""
 SLOW_SEEDS = int(os.environ.get("SWARM_CAMPAIGN_SLOW_SEEDS", "400"))
-"""Seeds the slow tier runs after those (~50 s in ``make test``); ``SWARM_CAMPAIGN_SLOW_SEEDS=1600`` runs all
-2,000 scenarios (seeds 0-1999: 0 violations, ~190 s under a suite's load)."""
+"""Seeds the slow tier runs after those (each as long as a fast tier's); ``SWARM_CAMPAIGN_SLOW_SEEDS=1400`` runs
+all 2,000 scenarios (seeds 0-1999 took 190 s at a load of ~5)."""
 LOSS = 0.2
 """The chance that one stream open or record store fails during a loss fault."""
 REPLAYED = (13, 19, 29, 38)
@@ -184,7 +187,7 @@ def violations(s: Scenario, members: dict[str, Member]) -> list[str]:
                 states.setdefault((r.origin, r.revision), set()).add(r.state_hash)
         out += [f"rev {rev} of origin {o[:8]} has {len(h)} states" for (o, rev), h in states.items() if len(h) > 1]
         out += _unrepaired(s, members)
-    out += _not_resumed(s, members)
+    out += _not_resumed(s, members) + _forgotten_votes(members)
     return out + _stalled(s, members)
 
 
@@ -281,6 +284,22 @@ def _not_resumed(s: Scenario, members: dict[str, Member]) -> list[str]:
             ends = min([t for t in kills if t > restart.at] + [RUN_S])
             if ends - restart.at >= 2 * PERIOD_S and until == restart.reports:
                 out.append(f"{m.name} restarted at t={restart.at:.2f} and never synced")
+    return out
+
+
+def _forgotten_votes(members: dict[str, Member]) -> list[str]:
+    """Restarted processes whose journal lacks a revision an earlier process of theirs committed.
+
+    A commit means a vote for its revision, journalled before it went out (swarm.sync.journal): a process
+    restarted from an older checkpoint must know of it even when no record of the commit is left to tell it.
+    """
+    out = []
+    for m in members.values():
+        for restart in m.restarts:
+            voted = sorted({r.revision for r in m.reports[: restart.reports] if r.committed})[-KEPT:]
+            missing = [rev for rev in voted if rev not in restart.journalled]
+            if missing:
+                out.append(f"{m.name} restarted at t={restart.at:.2f} without its votes for revisions {missing}")
     return out
 
 
