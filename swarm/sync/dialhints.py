@@ -24,6 +24,7 @@ number of keys sees at most one dial per member per 30 s.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
@@ -81,6 +82,27 @@ def transport_addrs(maddrs: Iterable[str]) -> tuple[str, ...]:
     return tuple(out[:MAX_ADDRS])
 
 
+def behind_nat(addrs: Iterable[str]) -> bool:
+    """Whether these published addresses are a NATed peer's: a relayed one, or IPv4 ones all private.
+
+    >>> behind_nat(["/ip4/10.20.0.10/tcp/7100"]), behind_nat(["/ip4/203.0.114.10/tcp/7100"])
+    (True, False)
+    >>> behind_nat(["/ip4/127.0.0.1/tcp/5"]), behind_nat([]), behind_nat(["/ip4/1.2.3.4/tcp/5/p2p/R/p2p-circuit"])
+    (False, False, True)
+    """
+    ips: list[ipaddress.IPv4Address] = []
+    for addr in addrs:
+        if CIRCUIT in addr:
+            return True
+        parts = addr.split("/")
+        if len(parts) > 2 and parts[1] == "ip4":
+            try:
+                ips.append(ipaddress.IPv4Address(parts[2]))
+            except ValueError:
+                continue
+    return bool(ips) and all(ip.is_private and not ip.is_loopback for ip in ips)
+
+
 def valid_addr(value: object) -> bool:
     """A transport multiaddr's text: ``/``-led printable ASCII, at most :data:`MAX_ADDR_CHARS`, no peer id but a
     relay's (``.../p2p/<relay>/p2p-circuit``)."""
@@ -118,6 +140,10 @@ class DialHints:
             del self._addrs[next(iter(self._addrs))]
         while len(self._tried) > MAX_HINTS:
             del self._tried[next(iter(self._tried))]
+
+    def behind_nat(self, peer: str) -> bool:
+        """Whether ``peer``'s record says it sits behind NAT: a relayed address, or only private ones."""
+        return behind_nat(self._addrs.get(peer, ()))
 
     def relays(self, peer: str) -> list[str]:
         """The relays named in ``peer``'s published relayed addresses: peers it holds a connection to."""

@@ -178,8 +178,10 @@ class OuterSync:
         self._streams: Streams = net.streams
         self._pipes: PipedStreams | None = None
         if membership.cfg.use_relay:
-            self._streams = self._pipes = PipedStreams(net.streams, membership.identity.key, prefix, hints.relays,
-                                                       sorted(bootstrap), signatures, clock)  # fmt: skip
+            self._streams = self._pipes = PipedStreams(
+                net.streams, membership.identity.key, prefix, hints.relays, lambda peer: hints.behind_nat(peer),
+                sorted(bootstrap), signatures, clock,
+            )  # fmt: skip
         self._service = SyncService(
             self._streams,
             name,

@@ -275,10 +275,11 @@ class _Slots:
 class PipedStreams:
     """:class:`~swarm.sync.transport.Streams` that go through a pipe where libp2p has only a circuit or no route.
 
-    ``prefix`` names the pipe handlers (one pair per swarm). The peers that may reach ``peer`` are tried in
-    order, at most :data:`RELAYS_TRIED`: ``published(peer)`` (the relays in its record), ``fallback`` (the
-    peers this node joined through), then the peers this one reached directly lately. Every peer with a sync serves as a
-    relay within the module's bounds.
+    ``prefix`` names the pipe handlers (one pair per swarm). A pipe is tried only for a peer ``natted(peer)``
+    says sits behind NAT (its record), or that libp2p reaches only over a circuit; the peers that may reach
+    it are tried in order, at most :data:`RELAYS_TRIED`: ``published(peer)`` (the relays in its record),
+    ``fallback`` (the peers this node joined through), then the peers this one reached directly lately.
+    Every peer with a sync serves as a relay within the module's bounds.
     """
 
     def __init__(
@@ -287,13 +288,14 @@ class PipedStreams:
         key: SigningKey,
         prefix: str,
         published: Callable[[str], Sequence[str]],
+        natted: Callable[[str], bool],
         fallback: Sequence[str] = (),
         signatures: Signatures = ED25519,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._inner, self._key, self._me = inner, key, key.peer_id
         self._pipe, self._inbound = prefix + PIPE_SUFFIX, prefix + INBOUND_SUFFIX
-        self._published, self._fallback = published, tuple(fallback)
+        self._published, self._natted, self._fallback = published, natted, tuple(fallback)
         self._signatures, self._clock = signatures, clock
         self._handlers: dict[str, Handler] = {}
         self._serving = False
@@ -335,8 +337,8 @@ class PipedStreams:
         try:
             opened = await self._inner.open(peer, name)
         except Exception as e:  # no route: a peer behind another NAT, or a peer that is gone
-            if not self._candidates(peer):
-                raise
+            if not (self._natted(peer) and self._candidates(peer)):
+                raise  # a public peer that cannot be dialled is down: a relay would not reach it either
             logger.debug("[%s] %s not reachable (%s): trying a pipe", self._me[-6:], peer[-6:], type(e).__name__)
         else:
             if opened.addr is None or CIRCUIT not in opened.addr:
@@ -348,10 +350,9 @@ class PipedStreams:
             opened.writer.close()  # a limited connection: it would reset inside the first part
             circuit = True
         piped = await self._open_piped(peer, name)
-        # pipes first from now on only on evidence of a NAT (a circuit, or relays in the peer's record): a
-        # piped stream costs a few more round trips, which a liveness ping of a peer that is only restarting
-        # or cut off for a moment would spend in vain for PIPED_FOR_S
-        if not (circuit or self._relays_of(peer)):
+        # pipes first from now on (for PIPED_FOR_S) only on evidence of a NAT: a piped stream costs a few more
+        # round trips, which a liveness ping of a peer that is only restarting would spend in vain
+        if not (circuit or self._natted(peer)):
             return piped
         if peer not in self._piped:
             logger.info("[%s] reaching %s through a pipe (no direct route; a libp2p circuit would cut it)",
@@ -363,9 +364,6 @@ class PipedStreams:
         return piped
 
     # --- opener ---------------------------------------------------------------------------------------
-
-    def _relays_of(self, peer: str) -> bool:
-        return bool(self._published(peer))
 
     def _candidates(self, peer: str) -> list[str]:
         named = [*self._published(peer), *self._fallback, *reversed(self._direct)]

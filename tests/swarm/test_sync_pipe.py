@@ -22,7 +22,7 @@ from swarm.sync.pipe import MAX_PIPES_PER_PEER, PipedStreams, PipeError, PipeFai
 from swarm.sync.transport import Handler, Opened
 from swarm.sync.wire import read_header, write_frame
 from tests.simnet import SimNet
-from tests.swarm.test_sync_sim import Member, Plan, simulate
+from tests.swarm.test_sync_sim import Member, Plan, _key, simulate
 
 A, B, C, D = (SigningKey(bytes([i]) * 32) for i in (1, 2, 3, 4))
 NAME = "t.sync.x"
@@ -103,7 +103,8 @@ async def _swarm(
         await net.add(key.peer_id)
         kind = cls if key is A else PipedStreams
         fallback = [A.peer_id] if relays is None else []
-        out[key.peer_id] = kind(PeerStreams(net, key.peer_id), key, "t.sync", relays or (lambda p: []), fallback)
+        streams = PeerStreams(net, key.peer_id)
+        out[key.peer_id] = kind(streams, key, "t.sync", relays or (lambda p: []), lambda p: p in net.homes, fallback)
     net.homes = {B.peer_id, C.peer_id}
 
     async def other(peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -147,10 +148,10 @@ def test_two_homes_exchange_megabytes_through_a_pipe_and_the_target_hears_the_op
         heard: list[str] = []
         await _digest_server(peers[C.peer_id], heard)
         try:
-            for _ in range(3):  # no evidence of a NAT (c's record names no relay): direct first each time
+            for _ in range(3):  # c sits behind NAT (its record): pipes first after one failed dial
                 assert await _send(peers[B.peer_id], C.peer_id) == hashlib.sha256(PAYLOAD).digest()
             assert heard == [B.peer_id] * 3  # the handshake's signer, not the relay that carried it
-            assert net.tried.count((B.peer_id, C.peer_id, NAME)) == 3
+            assert net.tried.count((B.peer_id, C.peer_id, NAME)) == 1
             assert peers[B.peer_id].opened == 3 and peers[A.peer_id].relayed_bytes > 3 * len(PAYLOAD)
             assert peers[B.peer_id].failures == {} and peers[A.peer_id].failures == {}
             # a public peer reaches a home directly: no pipe
@@ -273,12 +274,18 @@ def test_two_homes_of_one_model_commit_through_a_public_peer(tmp_path: Path) -> 
     """a is public; b and c joined through it from two homes, so b and c can open nothing to each other
     (the simulated network refuses); every round still commits as three, bit-identical, through pipes."""
     syncs: dict[str, OuterSync] = {}
+    home = {_key("b").peer_id, _key("c").peer_id}
 
     def keep(net: SimNet, m: Member) -> Callable[[OuterSync], None]:
-        return lambda sync: syncs.__setitem__(m.name, sync)
+        def setup(sync: OuterSync) -> None:
+            syncs[m.name] = sync
+            # the homes' records name private addresses (swarm.sync.dialhints.behind_nat); the simulation's none
+            sync._records.hints.behind_nat = lambda peer: peer in home  # type: ignore[method-assign]
+
+        return setup
 
     async def homes(net: SimNet, members: dict[str, Member]) -> None:
-        inner, home = net.open, {members["b"].peer, members["c"].peer}
+        inner = net.open
 
         async def open(src: str, dst: str, name: str) -> Opened:
             if src in home and dst in home:
@@ -349,15 +356,16 @@ def test_a_pipe_is_idle_only_when_neither_way_moves(monkeypatch: pytest.MonkeyPa
     asyncio.run(main())
 
 
-def test_a_peer_whose_record_names_a_relay_is_piped_first_after_one_failed_dial() -> None:
+def test_a_public_peer_that_cannot_be_dialled_is_down_and_no_relay_is_asked() -> None:
+    """A relay would not reach it either: asking one would only lengthen a ping to a dead or restarting peer."""
+
     async def main() -> None:
-        net, peers = await _swarm(relays=lambda p: [A.peer_id] if p == C.peer_id else [])
-        heard: list[str] = []
-        await _digest_server(peers[C.peer_id], heard)
+        net, peers = await _swarm()
+        await net.add(D.peer_id)  # public (no home), serving nothing: as a peer whose process is restarting
         try:
-            for _ in range(3):
-                assert await _send(peers[B.peer_id], C.peer_id) == hashlib.sha256(PAYLOAD).digest()
-            assert net.tried.count((B.peer_id, C.peer_id, NAME)) == 1 and heard == [B.peer_id] * 3
+            with pytest.raises(ConnectionError, match="does not serve"):
+                await peers[B.peer_id].open(D.peer_id, NAME)
+            assert not any(name.endswith(".pipe") for _, _, name in net.tried)
         finally:
             await net.close()
 
