@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
@@ -32,6 +31,7 @@ from hivemind.p2p import P2P
 
 from protocol import limits
 from swarm.payload_stream import DIGEST_LEN, HEADER, MAGIC, MAX_ERROR_BYTES, STATUS_OK, Pace, error_frame, fetch_one
+from swarm.slots import Slots
 
 logger = logging.getLogger(__name__)
 
@@ -64,21 +64,10 @@ class RelayServer:
         self._open = open_target
         self._pace = pace
         self._chunk = chunk_bytes
-        self._busy: Counter[str] = Counter()
+        self._slots = Slots(MAX_RELAYS, MAX_RELAYS_PER_PEER)
         self.relayed = 0
         self.refused = 0
         self.bytes = 0
-
-    def _admit(self, requester: str) -> bool:
-        if sum(self._busy.values()) >= MAX_RELAYS or self._busy[requester] >= MAX_RELAYS_PER_PEER:
-            return False
-        self._busy[requester] += 1
-        return True
-
-    def _release(self, requester: str) -> None:
-        self._busy[requester] -= 1
-        if self._busy[requester] <= 0:
-            del self._busy[requester]
 
     async def handle(self, requester: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer one relay request; never raises (a failure closes the requester's stream)."""
@@ -87,7 +76,7 @@ class RelayServer:
             if parsed is None:
                 return
             target, digest, size = parsed
-            if target in (requester, self._me) or not self._admit(requester):
+            if target in (requester, self._me) or not self._slots.take(requester):
                 self.refused += 1
                 writer.write(error_frame("relay refused: busy, or a fetch from yourself or from this relay"))
                 await writer.drain()
@@ -97,7 +86,7 @@ class RelayServer:
                 self.relayed += int(sent > 0)
                 self.bytes += sent
             finally:
-                self._release(requester)
+                self._slots.give(requester)
         except Exception as e:  # the requester or the publisher went away, was slow, or sent garbage
             logger.debug("[%s] relay for %s ended: %s", self._me[-6:], requester[-6:], type(e).__name__)
         finally:

@@ -48,6 +48,7 @@ from protocol import SigningKey, codec
 from protocol.errors import MessageRejected
 from protocol.peer_id import public_key_from_peer_id
 from protocol.signing import ED25519, Signatures
+from swarm.slots import Slots
 from swarm.sync.dialhints import CIRCUIT
 from swarm.sync.transport import Handler, Opened, Streams
 from swarm.sync.wire import read_header, write_frame
@@ -253,25 +254,6 @@ def _sealed(inner: Opened, send_key: bytes, recv_key: bytes) -> tuple[asyncio.St
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
-class _Slots:
-    """At most ``total`` held at once, ``each`` per key."""
-
-    def __init__(self, total: int, each: int) -> None:
-        self.total, self.each = total, each
-        self.held: Counter[str] = Counter()
-
-    def take(self, key: str) -> bool:
-        if sum(self.held.values()) >= self.total or self.held[key] >= self.each:
-            return False
-        self.held[key] += 1
-        return True
-
-    def give(self, key: str) -> None:
-        self.held[key] -= 1
-        if self.held[key] <= 0:
-            del self.held[key]
-
-
 class PipedStreams:
     """:class:`~swarm.sync.transport.Streams` that go through a pipe where libp2p has only a circuit or no route.
 
@@ -301,7 +283,7 @@ class PipedStreams:
         self._serving = False
         self._piped: OrderedDict[str, float] = OrderedDict()
         self._direct: OrderedDict[str, None] = OrderedDict()
-        self._copying, self._taking = _Slots(MAX_PIPES, MAX_PIPES_PER_PEER), _Slots(MAX_INBOUND, MAX_INBOUND_PER_RELAY)
+        self._copying, self._taking = Slots(MAX_PIPES, MAX_PIPES_PER_PEER), Slots(MAX_INBOUND, MAX_INBOUND_PER_RELAY)
         self.failures: Counter[PipeFailure] = Counter()
         """Pipes refused or broken here, by reason (as relay, target or opener)."""
         self.relayed_bytes = 0

@@ -147,7 +147,7 @@ def test_a_requester_gets_at_most_its_share_of_the_relays_slots() -> None:
             writer.write(_raw_request(C.peer_id, 100))
             streams.append((reader, writer))
         for _ in range(100):  # until the relay holds both slots
-            if relay._busy[A.peer_id] == payload_relay.MAX_RELAYS_PER_PEER:
+            if relay._slots.held[A.peer_id] == payload_relay.MAX_RELAYS_PER_PEER:
                 break
             await asyncio.sleep(0.01)
         reader, writer = await asyncio.open_connection("127.0.0.1", rport)
