@@ -152,7 +152,7 @@ class _Sealed(asyncio.Transport):
     def _nonce(n: int) -> bytes:
         return n.to_bytes(12, "big")
 
-    def _seal(self, kind: bytes, data: bytes) -> None:
+    def _seal(self, kind: bytes, data: bytes | memoryview) -> None:
         sealed = self._send.encrypt(self._nonce(self._sent), kind + data, None)
         self._sent += 1
         self._inner.writer.write(len(sealed).to_bytes(4, "big") + sealed)
@@ -160,9 +160,9 @@ class _Sealed(asyncio.Transport):
     def write(self, data: Any) -> None:
         if self._closing:
             return
-        view = memoryview(bytes(data))
+        view = memoryview(data).cast("B")  # no copy of the caller's 1 MiB chunk
         for start in range(0, len(view), FRAME_BYTES):
-            self._seal(DATA, bytes(view[start : start + FRAME_BYTES]))
+            self._seal(DATA, view[start : start + FRAME_BYTES])
         if not self._paused and self.get_write_buffer_size() > HIGH_WATER:
             self._paused = True
             self._protocol.pause_writing()
